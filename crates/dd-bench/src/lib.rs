@@ -1,0 +1,11 @@
+//! # dd-bench: DoubleDecker's benchmarks
+//!
+//! Each benchmark measures our code against a baseline run in the same process or the same run (SPEC
+//! section 11), and returns a serialisable report; the CLI prints it (`doubledecker bench ... --json`).
+//!
+//! * [`store`]: in-process put / get-hit / get-miss rates against a memcpy loop over the same bytes in
+//!   the same order, for one thread and several.
+//! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
+
+pub mod ssd;
+pub mod store;

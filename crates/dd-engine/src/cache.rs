@@ -1,0 +1,1423 @@
+//! The cache: the public API of the engine and everything that spans more than one pool.
+//!
+//! # Structure
+//! * The **tree** (host -> VMs -> pools) with weights, specs and entitlements sits behind one
+//!   `RwLock`; it changes only on control-plane calls and is read when a victim must be chosen.
+//! * **Pools** are found through a sharded table (`POOL_SHARDS` `RwLock`ed hash maps), so the data path
+//!   takes no lock shared by all pools: a put or get locks one table shard for reading (to clone the
+//!   pool's `Arc`) and then the pool's own mutex.
+//! * Each **store** (memory, SSD) has a capacity and a reservation counter. A put reserves a page
+//!   before it allocates; when the reservation fails the store is full and the putting thread evicts one
+//!   batch from the victim chosen by Algorithm 1 (VM first, then pool), serialised by the store's
+//!   eviction lock so that concurrent puts do not evict several batches for one page.
+//!
+//! # Lock order
+//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool mutexes (increasing pool id)
+//! -> pool-table shards, memory-store free stacks and SSD-store internals (leaves). A thread never
+//! acquires a lock that comes earlier in this list while holding a later one.
+//!
+//! # Where the expensive work happens
+//! Page copies into fresh frames, SSD reads and writes, and freeing frames and slots all happen with no
+//! pool lock held: an operation takes a location out of (or puts it into) the index under the lock and
+//! does the rest outside. Two exceptions copy 4 KiB under the pool lock because the page stays indexed
+//! and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
+//!
+//! # Invariants
+//! * A page key is indexed in at most one tier of one pool (exclusive caching, and "each page in exactly
+//!   one tier" for hybrid pools).
+//! * A get returns the bytes of the latest put of that key that completed before it, or misses. Puts are
+//!   ordered by the pool lock; a page that left the index is never returned (optimistic SSD reads are
+//!   validated against the entry's version after the read).
+//! * `stores[s].reserved` = pages indexed in store `s` + pages in flight (reserved, not yet indexed or
+//!   freed). At quiescence it equals the sum of the pools' `used`.
+//! * Per pool and store the statistics identity holds whenever the pool lock is free.
+
+use crate::config::{EngineConfig, HybridConfig, Maintenance};
+use crate::error::CacheError;
+use crate::policy::{compute_entitlements, select_victim, EntityUsage, VmShape};
+use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, MAX_WEIGHT};
+use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
+use crate::store::mem::MemStore;
+use crate::store::ssd::{SsdOptions, SsdStore};
+use crate::types::{Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind, VmId, VmWeights};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const POOL_SHARDS: usize = 16;
+/// Pages a demotion copies per pool-lock hold (bounds the time others wait on the pool).
+const DEMOTE_CHUNK: usize = 32;
+
+struct StoreState {
+    capacity: AtomicU64,
+    reserved: AtomicU64,
+    evict_lock: Mutex<()>,
+}
+
+impl StoreState {
+    fn new(capacity: u64) -> Self {
+        StoreState {
+            capacity: AtomicU64::new(capacity),
+            reserved: AtomicU64::new(0),
+            evict_lock: Mutex::new(()),
+        }
+    }
+
+    fn try_reserve(&self, n: u64) -> bool {
+        let cap = self.capacity.load(Ordering::Relaxed);
+        let mut cur = self.reserved.load(Ordering::Relaxed);
+        loop {
+            if cur + n > cap {
+                return false;
+            }
+            match self.reserved.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn release(&self, n: u64) {
+        let prev = self.reserved.fetch_sub(n, Ordering::AcqRel);
+        debug_assert!(prev >= n, "store reservation underflow");
+    }
+}
+
+struct VmNode {
+    weights: VmWeights,
+    pools: BTreeMap<PoolId, Arc<Pool>>,
+    /// Counters of destroyed pools, so aggregates keep the identity.
+    retired: Counters,
+    entitlement: [u64; 2],
+}
+
+#[derive(Default)]
+struct Tree {
+    vms: BTreeMap<VmId, VmNode>,
+    /// Counters of removed VMs.
+    retired: Counters,
+    pool_count: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    mode: Mode,
+    batch_pages: u64,
+    hybrid: HybridConfig,
+}
+
+struct Shared {
+    page_size: usize,
+    max_batch: usize,
+    max_pools: usize,
+    maintenance: Maintenance,
+    maintenance_interval: Duration,
+    settings: RwLock<Settings>,
+    mem: MemStore,
+    ssd: Option<SsdStore>,
+    stores: [StoreState; 2],
+    pools: [RwLock<Map<PoolId, Arc<Pool>>>; POOL_SHARDS],
+    tree: RwLock<Tree>,
+    next_pool: AtomicU32,
+    seq: AtomicU64,
+    wake: (Mutex<bool>, Condvar),
+    shutdown: AtomicBool,
+}
+
+/// The DoubleDecker cache store. Cheap to share: wrap it in an `Arc` (it is `Send + Sync`).
+pub struct Cache {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("page_size", &self.shared.page_size).finish_non_exhaustive()
+    }
+}
+
+/// A page's bytes located for a copy outside the pool lock.
+enum Pending {
+    Mem(crate::store::mem::FrameId),
+    Ssd(crate::store::ssd::SlotId),
+}
+
+impl Cache {
+    /// Builds a cache from a validated configuration. Opens (and empties) the SSD store if configured and
+    /// starts the background worker unless maintenance is inline.
+    pub fn new(cfg: EngineConfig) -> Result<Cache, CacheError> {
+        cfg.validate()?;
+        let ps = cfg.page_size_bytes;
+        let mem_cap = cfg.pages(cfg.mem.capacity_bytes);
+        let mem_max = cfg.pages(cfg.mem.max_bytes());
+        let mem =
+            MemStore::new(ps, mem_max as u32, mem_cap as u32).map_err(|e| CacheError::Io(e.to_string()))?;
+        let (ssd, ssd_cap) = match &cfg.ssd {
+            Some(s) => {
+                let slots = cfg.pages(s.capacity_bytes);
+                if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| CacheError::Io(format!("creating {}: {e}", dir.display())))?;
+                }
+                let store = SsdStore::open(SsdOptions {
+                    path: s.path.clone(),
+                    slots: slots as u32,
+                    page_size: ps,
+                    direct_io: s.direct_io,
+                    io_backend: s.io_backend,
+                    write_queue_pages: s.write_queue_pages,
+                })?;
+                (Some(store), slots)
+            }
+            None => (None, 0),
+        };
+        let shared = Arc::new(Shared {
+            page_size: ps,
+            max_batch: cfg.max_batch_pages,
+            max_pools: cfg.max_pools,
+            maintenance: cfg.maintenance,
+            maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
+            settings: RwLock::new(Settings {
+                mode: cfg.mode,
+                batch_pages: cfg.pages(cfg.eviction_batch_bytes),
+                hybrid: cfg.hybrid.clone(),
+            }),
+            mem,
+            ssd,
+            stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
+            pools: std::array::from_fn(|_| RwLock::new(Map::with_hasher(Hasher::default()))),
+            tree: RwLock::new(Tree::default()),
+            next_pool: AtomicU32::new(1),
+            seq: AtomicU64::new(1),
+            wake: (Mutex::new(false), Condvar::new()),
+            shutdown: AtomicBool::new(false),
+        });
+        let worker = match cfg.maintenance {
+            Maintenance::Inline => None,
+            Maintenance::Background => {
+                let weak = Arc::downgrade(&shared);
+                let handle = std::thread::Builder::new()
+                    .name("dd-maintenance".into())
+                    .spawn(move || maintenance_loop(weak))
+                    .map_err(|e| CacheError::Io(format!("spawning maintenance worker: {e}")))?;
+                Some(handle)
+            }
+        };
+        Ok(Cache { shared, worker: Mutex::new(worker) })
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.shared.page_size
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Host scope
+    // ------------------------------------------------------------------------------------------
+
+    /// Registers a VM with its per-store weights.
+    pub fn add_vm(&self, vm: VmId, weights: VmWeights) -> Result<(), CacheError> {
+        check_weight("weights.mem", weights.mem)?;
+        check_weight("weights.ssd", weights.ssd)?;
+        let mut tree = self.shared.tree.write();
+        if tree.vms.contains_key(&vm) {
+            return Err(CacheError::VmExists(vm));
+        }
+        tree.vms.insert(
+            vm,
+            VmNode { weights, pools: BTreeMap::new(), retired: Counters::default(), entitlement: [0; 2] },
+        );
+        self.shared.recompute(&mut tree);
+        Ok(())
+    }
+
+    /// Removes a VM and destroys all its pools.
+    pub fn remove_vm(&self, vm: VmId) -> Result<(), CacheError> {
+        let pools: Vec<PoolId> = {
+            let tree = self.shared.tree.read();
+            let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
+            node.pools.keys().copied().collect()
+        };
+        for p in pools {
+            // A concurrent destroy of the same pool is fine: it is gone either way.
+            let _ = self.destroy_pool(vm, p);
+        }
+        let mut tree = self.shared.tree.write();
+        if let Some(node) = tree.vms.remove(&vm) {
+            let mut retired = node.retired;
+            for p in node.pools.values() {
+                // Pools created after the snapshot above, destroyed here.
+                retired.add(&self.shared.destroy_locked(p));
+            }
+            tree.pool_count -= node.pools.len();
+            tree.retired.add(&retired);
+        }
+        self.shared.recompute(&mut tree);
+        drop(tree);
+        self.after_reconfigure();
+        Ok(())
+    }
+
+    pub fn set_vm_weights(&self, vm: VmId, weights: VmWeights) -> Result<(), CacheError> {
+        check_weight("weights.mem", weights.mem)?;
+        check_weight("weights.ssd", weights.ssd)?;
+        let mut tree = self.shared.tree.write();
+        tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?.weights = weights;
+        self.shared.recompute(&mut tree);
+        drop(tree);
+        self.after_reconfigure();
+        Ok(())
+    }
+
+    /// The registered VMs and their weights.
+    pub fn vms(&self) -> Vec<(VmId, VmWeights)> {
+        self.shared.tree.read().vms.iter().map(|(id, n)| (*id, n.weights)).collect()
+    }
+
+    /// Changes a store's capacity. Shrinking evicts (ephemeral pages, by Algorithm 1) down to the new
+    /// capacity before returning; persistent pages are never evicted, so a store full of them may stay
+    /// above its capacity until they are flushed.
+    pub fn set_capacity(&self, store: StoreKind, bytes: u64) -> Result<(), CacheError> {
+        let pages = bytes / self.shared.page_size as u64;
+        match store {
+            StoreKind::Mem => {
+                if pages > self.shared.mem.max_frames() as u64 {
+                    return Err(CacheError::invalid(
+                        "mem.capacity_bytes",
+                        format!(
+                            "{bytes} exceeds the arena reserved at start ({} bytes; raise mem.max_capacity_bytes)",
+                            self.shared.mem.max_frames() as u64 * self.shared.page_size as u64
+                        ),
+                    ));
+                }
+                self.shared.mem.set_limit(pages as u32);
+            }
+            StoreKind::Ssd => {
+                let ssd = self.shared.ssd.as_ref().ok_or(CacheError::StoreUnavailable(StoreKind::Ssd))?;
+                if pages > u32::MAX as u64 {
+                    return Err(CacheError::invalid("ssd.capacity_bytes", "more than 2^32 pages"));
+                }
+                if pages > ssd.slots() as u64 {
+                    ssd.grow(pages as u32)?;
+                }
+            }
+        }
+        {
+            let mut tree = self.shared.tree.write();
+            self.shared.stores[store.idx()].capacity.store(pages, Ordering::Relaxed);
+            self.shared.recompute(&mut tree);
+        }
+        self.shared.shrink_to_capacity(store);
+        self.after_reconfigure();
+        Ok(())
+    }
+
+    pub fn capacity_pages(&self, store: StoreKind) -> u64 {
+        self.shared.stores[store.idx()].capacity.load(Ordering::Relaxed)
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.shared.settings.write().mode = mode;
+    }
+
+    /// Sets the eviction batch. At least one page.
+    pub fn set_eviction_batch(&self, bytes: u64) -> Result<(), CacheError> {
+        let pages = bytes / self.shared.page_size as u64;
+        if pages == 0 {
+            return Err(CacheError::invalid("eviction_batch_bytes", "smaller than one page"));
+        }
+        self.shared.settings.write().batch_pages = pages;
+        Ok(())
+    }
+
+    pub fn set_hybrid(&self, hybrid: HybridConfig) -> Result<(), CacheError> {
+        let probe = EngineConfig {
+            hybrid: hybrid.clone(),
+            page_size_bytes: self.shared.page_size,
+            ..Default::default()
+        };
+        probe.validate()?;
+        self.shared.settings.write().hybrid = hybrid;
+        self.after_reconfigure();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // VM scope: pool lifecycle
+    // ------------------------------------------------------------------------------------------
+
+    /// Creates a pool for a container of `vm` (CREATE_CGROUP).
+    pub fn new_pool(&self, vm: VmId, opts: PoolOptions) -> Result<PoolId, CacheError> {
+        check_spec(&opts.spec)?;
+        let mut tree = self.shared.tree.write();
+        if tree.pool_count >= self.shared.max_pools {
+            return Err(CacheError::TooManyPools(self.shared.max_pools));
+        }
+        let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
+        let id = PoolId(self.shared.next_pool.fetch_add(1, Ordering::Relaxed));
+        let exclusive = match opts.kind {
+            PoolKind::Ephemeral => opts.exclusive_gets,
+            PoolKind::Persistent => false,
+        };
+        let pool = Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive));
+        node.pools.insert(id, pool.clone());
+        tree.pool_count += 1;
+        self.shared.pools[shard_of(id)].write().insert(id, pool);
+        self.shared.recompute(&mut tree);
+        drop(tree);
+        self.after_reconfigure();
+        Ok(id)
+    }
+
+    /// Destroys a pool and frees every page in it (DESTROY_CGROUP).
+    pub fn destroy_pool(&self, vm: VmId, pool: PoolId) -> Result<(), CacheError> {
+        let mut tree = self.shared.tree.write();
+        let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownPool(pool))?;
+        let p = node.pools.remove(&pool).ok_or(CacheError::UnknownPool(pool))?;
+        let final_counters = self.shared.destroy_locked(&p);
+        node.retired.add(&final_counters);
+        tree.pool_count -= 1;
+        self.shared.recompute(&mut tree);
+        drop(tree);
+        self.after_reconfigure();
+        Ok(())
+    }
+
+    /// Changes a pool's `<T, W>` (SET_CG_WEIGHT). Ephemeral pages held in a store the new spec does not
+    /// use are evicted; persistent pages stay where they are (readable, never lost) until flushed.
+    pub fn set_spec(&self, vm: VmId, pool: PoolId, spec: Spec) -> Result<(), CacheError> {
+        check_spec(&spec)?;
+        let p = self.shared.pool(vm, pool)?;
+        {
+            let mut tree = self.shared.tree.write();
+            p.spec.store(spec);
+            self.shared.recompute(&mut tree);
+        }
+        if p.kind == PoolKind::Ephemeral {
+            for s in StoreKind::ALL {
+                if !spec.uses(s) {
+                    self.shared.evict_from_pool(&p, s, u64::MAX, None);
+                }
+            }
+        }
+        self.after_reconfigure();
+        Ok(())
+    }
+
+    /// The pools of a VM.
+    pub fn pools(&self, vm: VmId) -> Result<Vec<PoolId>, CacheError> {
+        let tree = self.shared.tree.read();
+        Ok(tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?.pools.keys().copied().collect())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // VM scope: the data path
+    // ------------------------------------------------------------------------------------------
+
+    /// Stores a page. Replaces any page of the same key. An ephemeral put may be refused under pressure.
+    pub fn put(&self, vm: VmId, pool: PoolId, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
+        self.check_len(data.len())?;
+        let p = self.shared.pool(vm, pool)?;
+        self.shared.put_in(&p, key, data)
+    }
+
+    /// Looks a page up. On a hit copies it into `out` and returns true; in an exclusive pool the page is
+    /// removed from the cache.
+    pub fn get(&self, vm: VmId, pool: PoolId, key: Key, out: &mut [u8]) -> Result<bool, CacheError> {
+        self.check_len(out.len())?;
+        let p = self.shared.pool(vm, pool)?;
+        Ok(self.shared.get_in(&p, key, out))
+    }
+
+    /// Stores several pages of one pool. Returns one outcome per page, in order.
+    pub fn put_batch(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        pages: &[(Key, &[u8])],
+    ) -> Result<Vec<PutOutcome>, CacheError> {
+        self.check_batch(pages.len())?;
+        for (_, d) in pages {
+            self.check_len(d.len())?;
+        }
+        let p = self.shared.pool(vm, pool)?;
+        pages.iter().map(|(k, d)| self.shared.put_in(&p, *k, d)).collect()
+    }
+
+    /// Looks several pages up; `out` holds `keys.len()` pages back to back. Returns which hit. SSD pages
+    /// of the batch are read together (one io_uring submission when available).
+    pub fn get_batch(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        keys: &[Key],
+        out: &mut [u8],
+    ) -> Result<Vec<bool>, CacheError> {
+        self.check_batch(keys.len())?;
+        self.check_len(out.len() / keys.len().max(1))?;
+        if out.len() != keys.len() * self.shared.page_size {
+            return Err(CacheError::BadPageSize {
+                expected: keys.len() * self.shared.page_size,
+                got: out.len(),
+            });
+        }
+        let p = self.shared.pool(vm, pool)?;
+        Ok(self.shared.get_batch_in(&p, keys, out))
+    }
+
+    /// Invalidates one page. Returns whether a page was there.
+    pub fn flush_page(&self, vm: VmId, pool: PoolId, key: Key) -> Result<bool, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        let loc = {
+            let mut g = p.inner.lock();
+            let loc = g.lookup(key).map(|id| g.remove(id, Departure::Flush).loc);
+            p.publish(&g);
+            loc
+        };
+        if let Some(l) = loc {
+            self.shared.free_locs(&[l]);
+        }
+        Ok(loc.is_some())
+    }
+
+    /// Invalidates every page of an object (a file). Returns how many pages were dropped.
+    pub fn flush_object(&self, vm: VmId, pool: PoolId, object: u64) -> Result<u64, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        let locs: Vec<Loc> = {
+            let mut g = p.inner.lock();
+            let ids = g.object_ids(object);
+            let locs = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
+            p.publish(&g);
+            locs
+        };
+        self.shared.free_locs(&locs);
+        Ok(locs.len() as u64)
+    }
+
+    /// Moves an object's pages from one pool of a VM to another (MIGRATE_OBJECT), for files whose
+    /// owning container changed. Pages keep their tier; pages of the object the target already held are
+    /// flushed (the source's pages are the current ones). Returns how many pages moved.
+    pub fn migrate_object(&self, vm: VmId, from: PoolId, to: PoolId, object: u64) -> Result<u64, CacheError> {
+        let a = self.shared.pool(vm, from)?;
+        let b = self.shared.pool(vm, to)?;
+        if from == to {
+            return Ok(0);
+        }
+        if a.kind != b.kind {
+            return Err(CacheError::PoolKindMismatch(from, to));
+        }
+        // Lock order: increasing pool id.
+        let (mut ga, mut gb) = if from < to {
+            let ga = a.inner.lock();
+            (ga, b.inner.lock())
+        } else {
+            let gb = b.inner.lock();
+            (a.inner.lock(), gb)
+        };
+        if ga.dead || gb.dead {
+            return Err(CacheError::UnknownPool(if ga.dead { from } else { to }));
+        }
+        // The object now belongs to the target: its pages there are exactly the source's. Older pages the
+        // target held for the object are flushed first, so a page the source had already lost cannot be
+        // "revived" from the target's older copy.
+        let mut replaced: Vec<Loc> =
+            gb.object_ids(object).into_iter().map(|id| gb.remove(id, Departure::Flush).loc).collect();
+        let ids = ga.object_ids(object);
+        let moved = ids.len() as u64;
+        for id in ids {
+            let e = ga.remove(id, Departure::Moved);
+            ga.counters.migrations_out += 1;
+            if let Some(old) = gb.insert(e.key, e.loc, e.seq, Arrival::Moved) {
+                replaced.push(old);
+            }
+            gb.counters.migrations_in += 1;
+        }
+        a.publish(&ga);
+        b.publish(&gb);
+        drop(ga);
+        drop(gb);
+        self.shared.free_locs(&replaced);
+        Ok(moved)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Statistics
+    // ------------------------------------------------------------------------------------------
+
+    pub fn pool_stats(&self, vm: VmId, pool: PoolId) -> Result<PoolStats, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        Ok(self.shared.pool_stats(&p))
+    }
+
+    /// GET_STATS for a VM: its pools and totals (including destroyed pools).
+    pub fn vm_stats(&self, vm: VmId) -> Result<VmStats, CacheError> {
+        let tree = self.shared.tree.read();
+        let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
+        Ok(self.shared.vm_stats(vm, node))
+    }
+
+    pub fn host_stats(&self) -> HostStats {
+        let tree = self.shared.tree.read();
+        let settings = self.shared.settings.read().clone();
+        let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n)).collect();
+        let mut totals = tree.retired;
+        for v in &vms {
+            totals.add(&v.totals);
+        }
+        for s in StoreKind::ALL {
+            totals.store_mut(s).entitlement = self.capacity_pages(s);
+        }
+        HostStats {
+            page_size: self.shared.page_size,
+            mode: settings.mode,
+            eviction_batch_pages: settings.batch_pages,
+            stores: StoreKind::ALL
+                .iter()
+                .map(|&s| StoreStatus {
+                    kind: s,
+                    configured: s == StoreKind::Mem || self.shared.ssd.is_some(),
+                    capacity_pages: self.capacity_pages(s),
+                    used_pages: self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed),
+                })
+                .collect(),
+            vms,
+            totals,
+        }
+    }
+
+    /// Runs hybrid maintenance to a fixed point and drains the SSD write queue: after it returns, with no
+    /// concurrent operations, every watermark is satisfied. Tests and shutdown use it.
+    pub fn quiesce(&self) {
+        self.shared.maintain_all_until_idle();
+        if let Some(ssd) = &self.shared.ssd {
+            ssd.sync();
+        }
+    }
+
+    /// The SSD store's I/O counters, if there is one.
+    pub fn ssd_io_stats(&self) -> Option<crate::store::ssd::SsdIoStats> {
+        self.shared.ssd.as_ref().map(|s| s.io_stats())
+    }
+
+    /// Verifies every pool's invariants and the store reservations (tests; takes every lock in turn).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tree = self.shared.tree.read();
+        let mut per_store = [0u64; 2];
+        for node in tree.vms.values() {
+            for p in node.pools.values() {
+                let g = p.inner.lock();
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.check()))
+                    .map_err(|_| format!("pool {} failed its invariant check", p.id))?;
+                for s in StoreKind::ALL {
+                    per_store[s.idx()] += g.counters.store(s).used;
+                }
+            }
+        }
+        for s in StoreKind::ALL {
+            let reserved = self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed);
+            if reserved != per_store[s.idx()] {
+                return Err(format!(
+                    "store {s}: reserved {reserved} != pages indexed {}",
+                    per_store[s.idx()]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), CacheError> {
+        if len != self.shared.page_size {
+            return Err(CacheError::BadPageSize { expected: self.shared.page_size, got: len });
+        }
+        Ok(())
+    }
+
+    fn check_batch(&self, n: usize) -> Result<(), CacheError> {
+        if n > self.shared.max_batch {
+            return Err(CacheError::BatchTooLarge { limit: self.shared.max_batch, got: n });
+        }
+        Ok(())
+    }
+
+    fn after_reconfigure(&self) {
+        match self.shared.maintenance {
+            Maintenance::Inline => self.shared.maintain_all_until_idle(),
+            Maintenance::Background => self.shared.wake_worker(),
+        }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake_worker();
+        if let Some(h) = self.worker.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn shard_of(id: PoolId) -> usize {
+    (id.0 as usize).wrapping_mul(0x9E37_79B9) % POOL_SHARDS
+}
+
+fn check_weight(field: &str, w: u32) -> Result<(), CacheError> {
+    if w > MAX_WEIGHT {
+        return Err(CacheError::invalid(field, format!("{w} exceeds {MAX_WEIGHT}")));
+    }
+    Ok(())
+}
+
+fn check_spec(spec: &Spec) -> Result<(), CacheError> {
+    check_weight("spec.weight", spec.weight(StoreKind::Mem))?;
+    check_weight("spec.weight", spec.weight(StoreKind::Ssd))
+}
+
+fn maintenance_loop(weak: std::sync::Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        shared.maintain_all_until_idle();
+        let interval = shared.maintenance_interval;
+        {
+            let (lock, cv) = &shared.wake;
+            let mut woken = lock.lock();
+            if !*woken {
+                cv.wait_for(&mut woken, interval);
+            }
+            *woken = false;
+        }
+    }
+}
+
+impl Shared {
+    fn wake_worker(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock() = true;
+        cv.notify_one();
+    }
+
+    /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
+    fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
+        match self.pools[shard_of(pool)].read().get(&pool) {
+            Some(p) if p.vm == vm => Ok(p.clone()),
+            _ => Err(CacheError::UnknownPool(pool)),
+        }
+    }
+
+    /// Recomputes every entitlement from the tree. Called with the tree write-locked.
+    fn recompute(&self, tree: &mut Tree) {
+        let shapes: BTreeMap<VmId, VmShape> = tree
+            .vms
+            .iter()
+            .map(|(id, n)| {
+                (
+                    *id,
+                    VmShape {
+                        weights: n.weights,
+                        pools: n.pools.iter().map(|(pid, p)| (*pid, p.spec.load())).collect(),
+                    },
+                )
+            })
+            .collect();
+        let cap = [
+            self.stores[0].capacity.load(Ordering::Relaxed),
+            self.stores[1].capacity.load(Ordering::Relaxed),
+        ];
+        let ent = compute_entitlements(cap, &shapes);
+        for (id, node) in tree.vms.iter_mut() {
+            node.entitlement = ent.vm[id];
+            for (pid, p) in &node.pools {
+                for s in StoreKind::ALL {
+                    p.entitlement[s.idx()].store(ent.pool[pid][s.idx()], Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Marks a pool dead, drops every page (counted as flushes) and returns its final counters. Called
+    /// with the tree write-locked; removes the pool from the table.
+    fn destroy_locked(&self, p: &Arc<Pool>) -> Counters {
+        self.pools[shard_of(p.id)].write().remove(&p.id);
+        let (locs, counters) = {
+            let mut g = p.inner.lock();
+            g.dead = true;
+            let ids = g.all_ids();
+            let locs: Vec<Loc> = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
+            p.publish(&g);
+            (locs, g.counters)
+        };
+        self.free_locs(&locs);
+        counters
+    }
+
+    fn free_locs(&self, locs: &[Loc]) {
+        let mut n = [0u64; 2];
+        for l in locs {
+            match *l {
+                Loc::Mem(f) => self.mem.free(f),
+                Loc::Ssd(s) => {
+                    if let Some(ssd) = &self.ssd {
+                        ssd.free(s)
+                    }
+                }
+            }
+            n[l.store().idx()] += 1;
+        }
+        for s in StoreKind::ALL {
+            if n[s.idx()] > 0 {
+                self.stores[s.idx()].release(n[s.idx()]);
+            }
+        }
+    }
+
+    fn store_available(&self, s: StoreKind) -> bool {
+        s == StoreKind::Mem || self.ssd.is_some()
+    }
+
+    /// Which tier a put to this pool goes to, or `None` if it is not stored at all.
+    fn put_tier(&self, p: &Pool) -> Option<StoreKind> {
+        match p.spec.load() {
+            Spec::None => None,
+            Spec::Mem { .. } => Some(StoreKind::Mem),
+            Spec::Ssd { .. } => self.ssd.as_ref().map(|_| StoreKind::Ssd),
+            Spec::Hybrid { ssd_weight, .. } => {
+                // Memory while the pool's memory share allows (thesis 000, section 5.3.2).
+                if p.used(StoreKind::Mem) < p.entitlement(StoreKind::Mem)
+                    || ssd_weight == 0
+                    || self.ssd.is_none()
+                {
+                    Some(StoreKind::Mem)
+                } else {
+                    Some(StoreKind::Ssd)
+                }
+            }
+        }
+    }
+
+    fn put_in(&self, p: &Arc<Pool>, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
+        let Some(tier) = self.put_tier(p) else {
+            return Ok(self.refuse(p, key));
+        };
+        if !self.reserve(tier, p) {
+            return Ok(self.refuse(p, key));
+        }
+        let loc = match tier {
+            StoreKind::Mem => match self.mem.alloc() {
+                Some(f) => {
+                    self.mem.write(f, data);
+                    Loc::Mem(f)
+                }
+                None => {
+                    self.stores[0].release(1);
+                    return Ok(self.refuse(p, key));
+                }
+            },
+            StoreKind::Ssd => {
+                let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
+                match ssd.alloc() {
+                    Some(slot) => {
+                        ssd.write(slot, data);
+                        Loc::Ssd(slot)
+                    }
+                    None => {
+                        self.stores[1].release(1);
+                        return Ok(self.refuse(p, key));
+                    }
+                }
+            }
+        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let replaced = {
+            let mut g = p.inner.lock();
+            if g.dead {
+                drop(g);
+                self.free_locs(&[loc]);
+                return Err(CacheError::UnknownPool(p.id));
+            }
+            let r = g.insert(key, loc, seq, Arrival::Put);
+            p.publish(&g);
+            r
+        };
+        if let Some(old) = replaced {
+            self.free_locs(&[old]);
+        }
+        if tier == StoreKind::Mem && p.spec.load().is_hybrid() {
+            self.after_hybrid_put(p);
+        }
+        Ok(PutOutcome::Stored(tier))
+    }
+
+    /// A refused put still invalidates any older copy of the key: the guest has newer data, and the
+    /// cache must never return the old one.
+    fn refuse(&self, p: &Pool, key: Key) -> PutOutcome {
+        let loc = {
+            let mut g = p.inner.lock();
+            g.counters.puts_refused += 1;
+            let loc = g.lookup(key).map(|id| g.remove(id, Departure::Flush).loc);
+            p.publish(&g);
+            loc
+        };
+        if let Some(l) = loc {
+            self.free_locs(&[l]);
+        }
+        PutOutcome::Refused
+    }
+
+    fn after_hybrid_put(&self, p: &Arc<Pool>) {
+        let high = self.high_watermark(p.entitlement(StoreKind::Mem));
+        if p.used(StoreKind::Mem) > high {
+            match self.maintenance {
+                Maintenance::Inline => {
+                    self.maintain_pool(p);
+                }
+                Maintenance::Background => self.wake_worker(),
+            }
+        }
+    }
+
+    /// Reserves one page in `store` for a put into `p`, evicting a batch when the store is full.
+    fn reserve(&self, store: StoreKind, p: &Pool) -> bool {
+        let st = &self.stores[store.idx()];
+        if st.try_reserve(1) {
+            return true;
+        }
+        loop {
+            let tree = self.tree.read();
+            let _evicting = st.evict_lock.lock();
+            if st.try_reserve(1) {
+                return true;
+            }
+            if p.kind == PoolKind::Persistent {
+                // A persistent pool may fill free space, but may only push others out while its VM is
+                // under its entitlement: one VM cannot pin the whole store with swap pages.
+                let vm_used: u64 =
+                    tree.vms.get(&p.vm).map(|n| n.pools.values().map(|q| q.used(store)).sum()).unwrap_or(0);
+                let vm_ent = tree.vms.get(&p.vm).map(|n| n.entitlement[store.idx()]).unwrap_or(0);
+                if vm_used >= vm_ent {
+                    return false;
+                }
+            }
+            if self.evict_batch(&tree, store) == 0 {
+                return false;
+            }
+        }
+    }
+
+    /// Evicts one batch from `store`. Called with the tree read-locked and the store's eviction lock held.
+    /// Returns the number of pages evicted.
+    fn evict_batch(&self, tree: &Tree, store: StoreKind) -> u64 {
+        let (mode, batch) = {
+            let s = self.settings.read();
+            (s.mode, s.batch_pages)
+        };
+        match mode {
+            Mode::Partitioned => {
+                let Some(pool) = self.pick_victim(tree, store, batch) else { return 0 };
+                self.evict_from_pool(&pool, store, batch, None)
+            }
+            Mode::Global => self.evict_global(tree, store, batch),
+        }
+    }
+
+    /// Algorithm 1 twice: victim VM, then victim pool inside it.
+    fn pick_victim(&self, tree: &Tree, store: StoreKind, batch: u64) -> Option<Arc<Pool>> {
+        let vms: Vec<EntityUsage<VmId>> = tree
+            .vms
+            .iter()
+            .map(|(id, n)| EntityUsage {
+                id: *id,
+                used: n.pools.values().map(|p| p.used(store)).sum(),
+                entitlement: n.entitlement[store.idx()],
+                weight: n.weights.get(store),
+                evictable: n.pools.values().map(|p| p.evictable(store)).sum(),
+            })
+            .collect();
+        let vm = select_victim(&vms, batch)?;
+        let node = &tree.vms[&vm];
+        let pools: Vec<EntityUsage<PoolId>> = node
+            .pools
+            .iter()
+            .map(|(id, p)| EntityUsage {
+                id: *id,
+                used: p.used(store),
+                entitlement: p.entitlement(store),
+                weight: p.spec.load().weight(store),
+                evictable: p.evictable(store),
+            })
+            .collect();
+        let pool = select_victim(&pools, batch)?;
+        node.pools.get(&pool).cloned()
+    }
+
+    /// Global FIFO: repeatedly take pages from the pool whose oldest page is the oldest of all.
+    fn evict_global(&self, tree: &Tree, store: StoreKind, batch: u64) -> u64 {
+        let mut done = 0;
+        while done < batch {
+            let mut first: Option<(u64, &Arc<Pool>)> = None;
+            let mut second = u64::MAX;
+            for p in tree.vms.values().flat_map(|n| n.pools.values()) {
+                if p.evictable(store) == 0 {
+                    continue;
+                }
+                let seq = p.oldest_seq[store.idx()].load(Ordering::Relaxed);
+                match first {
+                    Some((f, _)) if seq >= f => second = second.min(seq),
+                    _ => {
+                        if let Some((f, _)) = first {
+                            second = second.min(f);
+                        }
+                        first = Some((seq, p));
+                    }
+                }
+            }
+            let Some((_, victim)) = first else { break };
+            let n = self.evict_from_pool(victim, store, batch - done, Some(second));
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        done
+    }
+
+    /// Evicts up to `n` pages of `store` from one pool (in the pool's order), stopping early at a page
+    /// younger than `until_seq` (global mode). Returns how many were evicted.
+    fn evict_from_pool(&self, p: &Arc<Pool>, store: StoreKind, n: u64, until_seq: Option<u64>) -> u64 {
+        if p.kind == PoolKind::Persistent {
+            return 0;
+        }
+        let mut locs = Vec::new();
+        {
+            let mut g = p.inner.lock();
+            while (locs.len() as u64) < n {
+                if let Some(limit) = until_seq {
+                    let oldest = g.queues[store.idx()].peek_oldest().map(|id| g.entry(id).seq);
+                    // Always take at least one page so global eviction makes progress.
+                    if !locs.is_empty() && oldest.is_none_or(|s| s > limit) {
+                        break;
+                    }
+                }
+                match g.pop_victim(store) {
+                    Some(Entry { loc, .. }) => locs.push(loc),
+                    None => break,
+                }
+            }
+            p.publish(&g);
+        }
+        self.free_locs(&locs);
+        locs.len() as u64
+    }
+
+    /// Evicts until the store's reservation fits its capacity (after a shrink).
+    fn shrink_to_capacity(&self, store: StoreKind) {
+        let st = &self.stores[store.idx()];
+        loop {
+            let tree = self.tree.read();
+            let _evicting = st.evict_lock.lock();
+            if st.reserved.load(Ordering::Relaxed) <= st.capacity.load(Ordering::Relaxed) {
+                return;
+            }
+            if self.evict_batch(&tree, store) == 0 {
+                return;
+            }
+        }
+    }
+
+    fn get_in(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> bool {
+        if p.exclusive_gets {
+            let taken = {
+                let mut g = p.inner.lock();
+                let r = g.lookup(key).map(|id| g.remove(id, Departure::ExclusiveGet).loc);
+                if r.is_none() {
+                    g.counters.gets_missed += 1;
+                }
+                p.publish(&g);
+                r
+            };
+            let Some(loc) = taken else { return false };
+            let ok = self.read_owned(loc, out);
+            self.free_locs(&[loc]);
+            if !ok {
+                self.count_lost_page(p, loc.store());
+            }
+            return ok;
+        }
+        self.get_shared(p, key, out)
+    }
+
+    /// Copies a location the caller owns (taken out of the index) into `out`.
+    fn read_owned(&self, loc: Loc, out: &mut [u8]) -> bool {
+        match loc {
+            Loc::Mem(f) => {
+                self.mem.read(f, out);
+                true
+            }
+            Loc::Ssd(s) => self.ssd.as_ref().is_some_and(|ssd| ssd.read(s, out).is_ok()),
+        }
+    }
+
+    /// An exclusive get whose SSD read failed: the page is gone, so re-count the hit as an eviction and
+    /// the get as a miss (the identity is unchanged: used did not move).
+    fn count_lost_page(&self, p: &Pool, store: StoreKind) {
+        let mut g = p.inner.lock();
+        let c = g.counters.store_mut(store);
+        c.gets_hit -= 1;
+        c.exclusive_gets -= 1;
+        c.evictions += 1;
+        g.counters.gets_missed += 1;
+        p.publish(&g);
+    }
+
+    /// A non-exclusive get (persistent pools, inclusive pools): the page stays.
+    fn get_shared(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> bool {
+        // SSD pages are read without the lock and validated afterwards; a concurrent replacement makes
+        // the read stale, so retry a few times, then report a miss (a cache may miss, never lie).
+        for _ in 0..8 {
+            let (slot, version) = {
+                let mut g = p.inner.lock();
+                let Some(id) = g.lookup(key) else {
+                    g.counters.gets_missed += 1;
+                    return false;
+                };
+                let e = g.entry(id);
+                match e.loc {
+                    Loc::Mem(f) => {
+                        self.mem.read(f, out);
+                        g.counters.mem.gets_hit += 1;
+                        g.touch(id);
+                        return true;
+                    }
+                    Loc::Ssd(slot) => (slot, e.version),
+                }
+            };
+            let read_ok = self.ssd.as_ref().is_some_and(|ssd| ssd.read(slot, out).is_ok());
+            let mut g = p.inner.lock();
+            match g.lookup(key) {
+                Some(id) if g.entry(id).version == version && g.entry(id).loc == Loc::Ssd(slot) => {
+                    if read_ok {
+                        g.counters.ssd.gets_hit += 1;
+                        g.touch(id);
+                        return true;
+                    }
+                    // The entry is intact but its slot cannot be read: drop it.
+                    let e = g.remove(id, Departure::Evict);
+                    g.counters.gets_missed += 1;
+                    p.publish(&g);
+                    drop(g);
+                    self.free_locs(&[e.loc]);
+                    return false;
+                }
+                _ => continue,
+            }
+        }
+        p.inner.lock().counters.gets_missed += 1;
+        false
+    }
+
+    fn get_batch_in(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
+        let ps = self.page_size;
+        if !p.exclusive_gets {
+            return keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]))
+                .collect();
+        }
+        let mut hits = vec![false; keys.len()];
+        let mut taken: Vec<(usize, Pending)> = Vec::with_capacity(keys.len());
+        {
+            let mut g = p.inner.lock();
+            for (i, k) in keys.iter().enumerate() {
+                match g.lookup(*k) {
+                    Some(id) => {
+                        let loc = g.remove(id, Departure::ExclusiveGet).loc;
+                        taken.push((
+                            i,
+                            match loc {
+                                Loc::Mem(f) => Pending::Mem(f),
+                                Loc::Ssd(s) => Pending::Ssd(s),
+                            },
+                        ));
+                    }
+                    None => g.counters.gets_missed += 1,
+                }
+            }
+            p.publish(&g);
+        }
+        let mut ssd_reqs: Vec<(usize, crate::store::ssd::SlotId)> = Vec::new();
+        let mut locs = Vec::with_capacity(taken.len());
+        for (i, t) in taken {
+            match t {
+                Pending::Mem(f) => {
+                    self.mem.read(f, &mut out[i * ps..(i + 1) * ps]);
+                    hits[i] = true;
+                    locs.push(Loc::Mem(f));
+                }
+                Pending::Ssd(s) => {
+                    ssd_reqs.push((i, s));
+                    locs.push(Loc::Ssd(s));
+                }
+            }
+        }
+        if let (false, Some(ssd)) = (ssd_reqs.is_empty(), self.ssd.as_ref()) {
+            // Split `out` into disjoint page slices for the batched read.
+            let mut slices: Vec<Option<&mut [u8]>> = out.chunks_mut(ps).map(Some).collect();
+            let mut reqs: Vec<(crate::store::ssd::SlotId, &mut [u8])> = ssd_reqs
+                .iter()
+                .map(|(i, s)| (*s, slices[*i].take().expect("each page index is requested once")))
+                .collect();
+            let results = ssd.read_batch(&mut reqs);
+            let mut lost = 0;
+            for ((i, _), r) in ssd_reqs.iter().zip(results) {
+                if r.is_ok() {
+                    hits[*i] = true;
+                } else {
+                    lost += 1;
+                }
+            }
+            for _ in 0..lost {
+                self.count_lost_page(p, StoreKind::Ssd);
+            }
+        }
+        self.free_locs(&locs);
+        hits
+    }
+
+    // --------------------------------------------------------------------------------------------
+    // Hybrid maintenance (thesis 000, sections 5.3-5.4)
+    // --------------------------------------------------------------------------------------------
+
+    fn high_watermark(&self, limit: u64) -> u64 {
+        let ppm = self.settings.read().hybrid.high_watermark_margin_ppm as u128;
+        limit - (limit as u128 * ppm / 1_000_000) as u64
+    }
+
+    fn maintain_all_until_idle(&self) {
+        let pools: Vec<Arc<Pool>> = {
+            let tree = self.tree.read();
+            tree.vms
+                .values()
+                .flat_map(|n| n.pools.values().cloned())
+                .filter(|p| p.spec.load().is_hybrid())
+                .collect()
+        };
+        for p in pools {
+            // Each step moves at most one batch; a pool converges in a bounded number of steps because
+            // every step strictly reduces its distance to the watermarks (or does nothing).
+            let mut steps = 0u64;
+            while self.maintain_pool(&p) && !self.shutdown.load(Ordering::Relaxed) {
+                steps += 1;
+                if steps > 1_000_000 {
+                    tracing::warn!(pool = p.id.0, "hybrid maintenance did not converge");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One maintenance step for a hybrid pool: demote, evict from the SSD tier, or promote one batch.
+    /// Returns whether anything moved.
+    fn maintain_pool(&self, p: &Arc<Pool>) -> bool {
+        let spec = p.spec.load();
+        if !spec.is_hybrid() {
+            return false;
+        }
+        let (batch, low_margin) = {
+            let s = self.settings.read();
+            (
+                (s.hybrid.move_batch_bytes / self.page_size as u64).max(1),
+                s.hybrid.low_watermark_margin_bytes / self.page_size as u64,
+            )
+        };
+        let mem_limit = p.entitlement(StoreKind::Mem);
+        let ssd_limit = p.entitlement(StoreKind::Ssd);
+        let mem_used = p.used(StoreKind::Mem);
+        let ssd_used = p.used(StoreKind::Ssd);
+        let mem_high = self.high_watermark(mem_limit);
+        let ssd_high = self.high_watermark(ssd_limit);
+        let can_demote = self.store_available(StoreKind::Ssd) && spec.weight(StoreKind::Ssd) > 0;
+
+        if ssd_used > ssd_high && p.kind == PoolKind::Ephemeral {
+            return self.evict_from_pool(p, StoreKind::Ssd, batch.min(ssd_used), None) > 0;
+        }
+        if mem_used > mem_high {
+            let n = batch.min(mem_used);
+            if can_demote {
+                return self.demote(p, n) > 0;
+            }
+            return self.evict_from_pool(p, StoreKind::Mem, n, None) > 0;
+        }
+        let low = mem_limit.saturating_sub(low_margin);
+        if mem_used < low && ssd_used > 0 {
+            return self.promote(p, batch.min(low - mem_used).min(ssd_used)) > 0;
+        }
+        false
+    }
+
+    /// Moves up to `n` of the oldest memory pages of `p` to the SSD tier. Returns pages moved.
+    fn demote(&self, p: &Arc<Pool>, n: u64) -> u64 {
+        let Some(ssd) = self.ssd.as_ref() else { return 0 };
+        let ps = self.page_size;
+        let mut moved = 0u64;
+        let mut buf = vec![0u8; ps * DEMOTE_CHUNK];
+        while moved < n {
+            let want = (n - moved).min(DEMOTE_CHUNK as u64) as usize;
+            // 1. Copy the oldest pages out under the lock (they stay indexed and readable).
+            let picked: Vec<(Key, u64)> = {
+                let g = p.inner.lock();
+                let ids = g.oldest_in(StoreKind::Mem, want);
+                ids.iter()
+                    .enumerate()
+                    .map(|(i, &id)| {
+                        let e = g.entry(id);
+                        if let Loc::Mem(f) = e.loc {
+                            self.mem.read(f, &mut buf[i * ps..(i + 1) * ps]);
+                        }
+                        (e.key, e.version)
+                    })
+                    .collect()
+            };
+            if picked.is_empty() {
+                break;
+            }
+            // 2. Write them to fresh SSD slots outside the lock.
+            let mut staged = Vec::with_capacity(picked.len());
+            for (i, (key, version)) in picked.iter().enumerate() {
+                if !self.reserve(StoreKind::Ssd, p) {
+                    break;
+                }
+                let Some(slot) = ssd.alloc() else {
+                    self.stores[1].release(1);
+                    break;
+                };
+                ssd.write(slot, &buf[i * ps..(i + 1) * ps]);
+                staged.push((*key, *version, slot));
+            }
+            if staged.is_empty() {
+                // No SSD room at all: fall back to dropping the pages so memory stays bounded.
+                return moved + self.evict_from_pool(p, StoreKind::Mem, n - moved, None);
+            }
+            // 3. Switch each entry that is still the same page to its SSD slot.
+            let mut to_free = Vec::new();
+            {
+                let mut g = p.inner.lock();
+                for (key, version, slot) in staged {
+                    match g.lookup(key) {
+                        Some(id) if g.entry(id).version == version && !g.dead => {
+                            let old = g.relocate(id, Loc::Ssd(slot));
+                            g.counters.demotions += 1;
+                            to_free.push(old);
+                            moved += 1;
+                        }
+                        // Replaced, flushed or got meanwhile: the SSD copy is stale, drop it.
+                        _ => to_free.push(Loc::Ssd(slot)),
+                    }
+                }
+                p.publish(&g);
+            }
+            self.free_locs(&to_free);
+        }
+        moved
+    }
+
+    /// Moves up to `n` of the youngest SSD pages of `p` back to memory, using only free memory.
+    fn promote(&self, p: &Arc<Pool>, n: u64) -> u64 {
+        let Some(ssd) = self.ssd.as_ref() else { return 0 };
+        let picked: Vec<(Key, u64, crate::store::ssd::SlotId)> = {
+            let g = p.inner.lock();
+            g.youngest_in(StoreKind::Ssd, n as usize)
+                .into_iter()
+                .filter_map(|id| {
+                    let e = g.entry(id);
+                    match e.loc {
+                        Loc::Ssd(s) => Some((e.key, e.version, s)),
+                        Loc::Mem(_) => None,
+                    }
+                })
+                .collect()
+        };
+        let mut staged = Vec::with_capacity(picked.len());
+        for (key, version, slot) in picked {
+            if !self.stores[0].try_reserve(1) {
+                break;
+            }
+            let Some(frame) = self.mem.alloc() else {
+                self.stores[0].release(1);
+                break;
+            };
+            let mut page = vec![0u8; self.page_size];
+            if ssd.read(slot, &mut page).is_err() {
+                self.mem.free(frame);
+                self.stores[0].release(1);
+                continue;
+            }
+            self.mem.write(frame, &page);
+            staged.push((key, version, slot, frame));
+        }
+        let mut moved = 0;
+        let mut to_free = Vec::new();
+        {
+            let mut g = p.inner.lock();
+            for (key, version, slot, frame) in staged {
+                match g.lookup(key) {
+                    Some(id)
+                        if g.entry(id).version == version && g.entry(id).loc == Loc::Ssd(slot) && !g.dead =>
+                    {
+                        let old = g.relocate(id, Loc::Mem(frame));
+                        g.counters.promotions += 1;
+                        to_free.push(old);
+                        moved += 1;
+                    }
+                    _ => to_free.push(Loc::Mem(frame)),
+                }
+            }
+            p.publish(&g);
+        }
+        self.free_locs(&to_free);
+        moved
+    }
+
+    // --------------------------------------------------------------------------------------------
+    // Statistics
+    // --------------------------------------------------------------------------------------------
+
+    fn pool_stats(&self, p: &Pool) -> PoolStats {
+        let mut counters = p.inner.lock().counters;
+        for s in StoreKind::ALL {
+            counters.store_mut(s).entitlement = p.entitlement(s);
+        }
+        PoolStats {
+            pool: p.id,
+            vm: p.vm,
+            kind: p.kind,
+            spec: p.spec.load(),
+            order: p.order,
+            exclusive_gets: p.exclusive_gets,
+            counters,
+        }
+    }
+
+    fn vm_stats(&self, vm: VmId, node: &VmNode) -> VmStats {
+        let pools: Vec<PoolStats> = node.pools.values().map(|p| self.pool_stats(p)).collect();
+        let mut totals = node.retired;
+        for p in &pools {
+            totals.add(&p.counters);
+        }
+        for s in StoreKind::ALL {
+            totals.store_mut(s).entitlement = node.entitlement[s.idx()];
+        }
+        VmStats { vm, weights: node.weights, pools, totals }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Cache>();
+    is::<PoolInner>();
+}

@@ -1,0 +1,208 @@
+//! Engine configuration: plain data with documented defaults and one `validate()` that names the bad
+//! field. Units are in the field names (`_bytes`, `_ms`, `_ppm`).
+
+use crate::error::CacheError;
+use crate::types::Mode;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+pub const MIB: u64 = 1024 * 1024;
+pub const GIB: u64 = 1024 * MIB;
+
+/// Whether to open the SSD file with `O_DIRECT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectIo {
+    /// Use direct I/O when the file system accepts it, buffered I/O otherwise.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// Which system calls the SSD store issues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoBackend {
+    /// io_uring when the kernel allows it, pread/pwrite otherwise.
+    #[default]
+    Auto,
+    Uring,
+    Sync,
+}
+
+/// How hybrid demotion/promotion and capacity convergence run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Maintenance {
+    /// Background worker threads move pages (the daemon).
+    #[default]
+    Background,
+    /// The operation that crosses a watermark does the move before returning (deterministic: the lab
+    /// and tests).
+    Inline,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemStoreConfig {
+    /// Capacity of the memory store. Default 256 MiB.
+    pub capacity_bytes: u64,
+    /// Address space reserved for the arena, so the capacity can grow at run time up to this without
+    /// moving frames. Pages are committed lazily. Default: the larger of `capacity_bytes` and 1 GiB.
+    pub max_capacity_bytes: Option<u64>,
+}
+
+impl Default for MemStoreConfig {
+    fn default() -> Self {
+        MemStoreConfig { capacity_bytes: 256 * MIB, max_capacity_bytes: None }
+    }
+}
+
+impl MemStoreConfig {
+    pub fn max_bytes(&self) -> u64 {
+        self.max_capacity_bytes.unwrap_or_else(|| self.capacity_bytes.max(GIB))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SsdStoreConfig {
+    /// The backing file (created if missing; its old contents are never served). Default
+    /// `./dd-data/ssd-store.bin`.
+    pub path: PathBuf,
+    /// Capacity of the SSD store. Default 1 GiB.
+    pub capacity_bytes: u64,
+    pub direct_io: DirectIo,
+    pub io_backend: IoBackend,
+    /// Pages that may wait in the write-behind queue before puts block. Default 1024 (4 MiB).
+    pub write_queue_pages: usize,
+}
+
+impl Default for SsdStoreConfig {
+    fn default() -> Self {
+        SsdStoreConfig {
+            path: PathBuf::from("dd-data/ssd-store.bin"),
+            capacity_bytes: GIB,
+            direct_io: DirectIo::Auto,
+            io_backend: IoBackend::Auto,
+            write_queue_pages: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HybridConfig {
+    /// The memory tier of a hybrid pool demotes once its use exceeds `limit - limit * margin / 1e6`.
+    /// Default 15 625 ppm (1/64), which gives the 504 MiB of 512 MiB of thesis 000, Table 5.1. The
+    /// same margin is the SSD tier's eviction watermark.
+    pub high_watermark_margin_ppm: u32,
+    /// Pages are promoted from SSD while memory use is below `limit - low_watermark_margin_bytes`.
+    /// Default 64 MiB (thesis 000, eq. 5.2).
+    pub low_watermark_margin_bytes: u64,
+    /// Pages moved per demotion or promotion step. Default 2 MiB.
+    pub move_batch_bytes: u64,
+}
+
+impl Default for HybridConfig {
+    fn default() -> Self {
+        HybridConfig {
+            high_watermark_margin_ppm: 15_625,
+            low_watermark_margin_bytes: 64 * MIB,
+            move_batch_bytes: 2 * MIB,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Bytes per page. Default 4096. A power of two from 512 to 65536.
+    pub page_size_bytes: usize,
+    pub mem: MemStoreConfig,
+    /// The SSD store; `None` runs memory-only.
+    pub ssd: Option<SsdStoreConfig>,
+    pub mode: Mode,
+    /// Pages evicted at once from the victim when a store is full. Default 2 MiB.
+    pub eviction_batch_bytes: u64,
+    pub hybrid: HybridConfig,
+    pub maintenance: Maintenance,
+    /// Period of the background worker's sweep (watermarks, capacity convergence). Default 10 ms.
+    pub maintenance_interval_ms: u64,
+    /// Largest batch a single batched call may carry. Default 256 pages.
+    pub max_batch_pages: usize,
+    /// Most pools the cache will hold. Default 65 536.
+    pub max_pools: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            page_size_bytes: 4096,
+            mem: MemStoreConfig::default(),
+            ssd: None,
+            mode: Mode::Partitioned,
+            eviction_batch_bytes: 2 * MIB,
+            hybrid: HybridConfig::default(),
+            maintenance: Maintenance::Background,
+            maintenance_interval_ms: 10,
+            max_batch_pages: 256,
+            max_pools: 65_536,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), CacheError> {
+        let ps = self.page_size_bytes;
+        if !(512..=65536).contains(&ps) || !ps.is_power_of_two() {
+            return Err(CacheError::invalid(
+                "page_size_bytes",
+                format!("{ps} is not a power of two in 512..=65536"),
+            ));
+        }
+        let ps = ps as u64;
+        if self.mem.max_bytes() < self.mem.capacity_bytes {
+            return Err(CacheError::invalid("mem.max_capacity_bytes", "smaller than mem.capacity_bytes"));
+        }
+        if self.mem.max_bytes() / ps > u32::MAX as u64 {
+            return Err(CacheError::invalid("mem.max_capacity_bytes", "more than 2^32 pages"));
+        }
+        if let Some(ssd) = &self.ssd {
+            if ssd.capacity_bytes / ps > u32::MAX as u64 {
+                return Err(CacheError::invalid("ssd.capacity_bytes", "more than 2^32 pages"));
+            }
+            if ssd.write_queue_pages == 0 {
+                return Err(CacheError::invalid("ssd.write_queue_pages", "must be at least 1"));
+            }
+            if ssd.path.as_os_str().is_empty() {
+                return Err(CacheError::invalid("ssd.path", "must not be empty"));
+            }
+        }
+        if self.eviction_batch_bytes < ps {
+            return Err(CacheError::invalid("eviction_batch_bytes", "smaller than one page"));
+        }
+        if self.hybrid.move_batch_bytes < ps {
+            return Err(CacheError::invalid("hybrid.move_batch_bytes", "smaller than one page"));
+        }
+        if self.hybrid.high_watermark_margin_ppm >= 1_000_000 {
+            return Err(CacheError::invalid("hybrid.high_watermark_margin_ppm", "must be below 1 000 000"));
+        }
+        if self.maintenance_interval_ms == 0 {
+            return Err(CacheError::invalid("maintenance_interval_ms", "must be at least 1"));
+        }
+        if self.max_batch_pages == 0 {
+            return Err(CacheError::invalid("max_batch_pages", "must be at least 1"));
+        }
+        if self.max_pools == 0 {
+            return Err(CacheError::invalid("max_pools", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn pages(&self, bytes: u64) -> u64 {
+        bytes / self.page_size_bytes as u64
+    }
+}

@@ -1,0 +1,419 @@
+//! One pool: the index of a container's pages and its per-tier eviction queues.
+//!
+//! Everything in [`PoolInner`] is guarded by the pool's mutex; no other lock is taken while it is held
+//! except, in `migrate_object`, the lock of a second pool, always in increasing pool-id order (see the
+//! lock order in `cache.rs`). Page bytes are never copied into or out of the SSD, and frames and slots
+//! are never freed, while the lock is held: callers take locations out under the lock and do the
+//! expensive part after releasing it. Memory frames of entries that stay in the index are read under the
+//! lock (non-exclusive gets, demotion), which is what keeps a concurrent free from racing the copy.
+//!
+//! Invariants (checked by [`PoolInner::check`] in debug and `strict-invariants` builds):
+//! * every entry is in the object index exactly once and linked in the queue of its location's tier;
+//! * `counters.<store>.used` equals the number of entries located in that store, and the mirrored atomic
+//!   `Pool::used` equals it whenever the lock is released;
+//! * the identity of `stats.rs` holds for both stores.
+
+use crate::order::{Linked, Links, OrderQueue, Slab};
+use crate::stats::Counters;
+use crate::store::mem::FrameId;
+use crate::store::ssd::SlotId;
+use crate::types::{EvictionOrder, Key, PoolId, PoolKind, Spec, StoreKind, VmId};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) type Hasher = foldhash::fast::RandomState;
+pub(crate) type Map<K, V> = HashMap<K, V, Hasher>;
+
+/// Where a page lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loc {
+    Mem(FrameId),
+    Ssd(SlotId),
+}
+
+impl Loc {
+    pub fn store(&self) -> StoreKind {
+        match self {
+            Loc::Mem(_) => StoreKind::Mem,
+            Loc::Ssd(_) => StoreKind::Ssd,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub key: Key,
+    pub loc: Loc,
+    pub links: Links,
+    /// Store-wide insertion sequence (global FIFO mode compares pools by their oldest entry's seq).
+    pub seq: u64,
+    /// Unique per pool; lets an operation that dropped the lock tell whether the entry it saw is still
+    /// the same entry (optimistic SSD reads, tier moves).
+    pub version: u64,
+}
+
+impl Linked for Entry {
+    fn links(&self) -> &Links {
+        &self.links
+    }
+    fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
+    }
+}
+
+/// A spec packed in one atomic word so the put path can read it without the pool lock.
+#[derive(Debug)]
+pub(crate) struct AtomicSpec(AtomicU64);
+
+impl AtomicSpec {
+    fn encode(s: Spec) -> u64 {
+        let (tag, a, b) = match s {
+            Spec::None => (0u64, 0u32, 0u32),
+            Spec::Mem { weight } => (1, weight, 0),
+            Spec::Ssd { weight } => (2, weight, 0),
+            Spec::Hybrid { mem_weight, ssd_weight } => (3, mem_weight, ssd_weight),
+        };
+        debug_assert!(a < 1 << 31 && b < 1 << 31);
+        tag << 62 | (a as u64) << 31 | b as u64
+    }
+    fn decode(v: u64) -> Spec {
+        let a = ((v >> 31) & 0x7fff_ffff) as u32;
+        let b = (v & 0x7fff_ffff) as u32;
+        match v >> 62 {
+            0 => Spec::None,
+            1 => Spec::Mem { weight: a },
+            2 => Spec::Ssd { weight: a },
+            _ => Spec::Hybrid { mem_weight: a, ssd_weight: b },
+        }
+    }
+    pub fn new(s: Spec) -> Self {
+        AtomicSpec(AtomicU64::new(Self::encode(s)))
+    }
+    pub fn load(&self) -> Spec {
+        Self::decode(self.0.load(Ordering::Acquire))
+    }
+    pub fn store(&self, s: Spec) {
+        self.0.store(Self::encode(s), Ordering::Release)
+    }
+}
+
+/// The largest weight a spec may carry (weights are packed into 31 bits).
+pub const MAX_WEIGHT: u32 = (1 << 31) - 1;
+
+pub(crate) struct Pool {
+    pub id: PoolId,
+    pub vm: VmId,
+    pub kind: PoolKind,
+    pub exclusive_gets: bool,
+    pub order: EvictionOrder,
+    pub spec: AtomicSpec,
+    pub inner: Mutex<PoolInner>,
+    /// Mirror of `inner.counters.<store>.used`, readable without the lock (victim selection).
+    pub used: [AtomicU64; 2],
+    /// Entitlement per store in pages, set when the partition is recomputed.
+    pub entitlement: [AtomicU64; 2],
+    /// Seq of the oldest entry per tier (u64::MAX when empty), for global mode.
+    pub oldest_seq: [AtomicU64; 2],
+}
+
+pub(crate) struct PoolInner {
+    objects: Map<u64, Map<u64, u32>>,
+    pub slab: Slab<Entry>,
+    pub queues: [OrderQueue; 2],
+    pub counters: Counters,
+    next_version: u64,
+    /// Set by destroy: late operations that raced with the destroy must not insert.
+    pub dead: bool,
+}
+
+impl Pool {
+    pub fn new(
+        id: PoolId,
+        vm: VmId,
+        kind: PoolKind,
+        spec: Spec,
+        order: EvictionOrder,
+        exclusive: bool,
+    ) -> Self {
+        Pool {
+            id,
+            vm,
+            kind,
+            exclusive_gets: exclusive,
+            order,
+            spec: AtomicSpec::new(spec),
+            inner: Mutex::new(PoolInner {
+                objects: Map::default(),
+                slab: Slab::default(),
+                queues: [OrderQueue::new(order), OrderQueue::new(order)],
+                counters: Counters::default(),
+                next_version: 1,
+                dead: false,
+            }),
+            used: [AtomicU64::new(0), AtomicU64::new(0)],
+            entitlement: [AtomicU64::new(0), AtomicU64::new(0)],
+            oldest_seq: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+        }
+    }
+
+    pub fn used(&self, s: StoreKind) -> u64 {
+        self.used[s.idx()].load(Ordering::Relaxed)
+    }
+    pub fn entitlement(&self, s: StoreKind) -> u64 {
+        self.entitlement[s.idx()].load(Ordering::Relaxed)
+    }
+    pub fn evictable(&self, s: StoreKind) -> u64 {
+        match self.kind {
+            PoolKind::Ephemeral => self.used(s),
+            PoolKind::Persistent => 0,
+        }
+    }
+
+    /// Publishes the lock-free mirrors; call before releasing the lock after any change.
+    pub fn publish(&self, inner: &PoolInner) {
+        for s in StoreKind::ALL {
+            self.used[s.idx()].store(inner.counters.store(s).used, Ordering::Relaxed);
+            let oldest = inner.queues[s.idx()].peek_oldest().map_or(u64::MAX, |id| inner.slab.get(id).seq);
+            self.oldest_seq[s.idx()].store(oldest, Ordering::Relaxed);
+        }
+        // O(1) checks on every change; the full O(n) walk on small pools and on every 4096th change, so
+        // that checking never makes a workload quadratic.
+        for s in StoreKind::ALL {
+            let c = inner.counters.store(s);
+            crate::invariant!(c.identity_holds(), "stats identity broken in {s}: {c:?}");
+            crate::invariant!(inner.queues[s.idx()].len() as u64 == c.used, "queue length of {s} != used");
+        }
+        #[cfg(any(debug_assertions, feature = "strict-invariants"))]
+        if inner.slab.len() < 256 || inner.next_version.is_multiple_of(4096) {
+            inner.check();
+        }
+    }
+}
+
+impl PoolInner {
+    pub fn lookup(&self, key: Key) -> Option<u32> {
+        self.objects.get(&key.object).and_then(|o| o.get(&key.index)).copied()
+    }
+
+    pub fn entry(&self, id: u32) -> &Entry {
+        self.slab.get(id)
+    }
+
+    /// Inserts a page (a put or the arrival of a moved page). Returns the location of the page it
+    /// replaced, which the caller frees after unlocking. Counts the put or move and, for a replaced
+    /// page, a flush.
+    pub fn insert(&mut self, key: Key, loc: Loc, seq: u64, how: Arrival) -> Option<Loc> {
+        let replaced = self.lookup(key).map(|old| {
+            let e = self.unlink(old);
+            let c = self.counters.store_mut(e.loc.store());
+            c.flushes += 1;
+            c.used -= 1;
+            e.loc
+        });
+        let version = self.next_version;
+        self.next_version += 1;
+        let id = self.slab.insert(Entry { key, loc, links: Links::default(), seq, version });
+        self.objects.entry(key.object).or_default().insert(key.index, id);
+        self.queues[loc.store().idx()].push(&mut self.slab, id, key);
+        let c = self.counters.store_mut(loc.store());
+        match how {
+            Arrival::Put => c.puts += 1,
+            Arrival::Moved => c.moved_in += 1,
+        }
+        c.used += 1;
+        replaced
+    }
+
+    /// Inserts a promoted page at the victim end of its new tier's queue, keeping its version.
+    pub fn relocate(&mut self, id: u32, to: Loc) -> Loc {
+        let from = self.slab.get(id).loc;
+        self.queues[from.store().idx()].remove(&mut self.slab, id);
+        self.slab.get_mut(id).loc = to;
+        let key = self.slab.get(id).key;
+        self.queues[to.store().idx()].push(&mut self.slab, id, key);
+        let c = self.counters.store_mut(from.store());
+        c.moved_out += 1;
+        c.used -= 1;
+        let c = self.counters.store_mut(to.store());
+        c.moved_in += 1;
+        c.used += 1;
+        from
+    }
+
+    /// Removes an entry from the index and its queue, without counting anything.
+    fn unlink(&mut self, id: u32) -> Entry {
+        let store = self.slab.get(id).loc.store();
+        self.queues[store.idx()].remove(&mut self.slab, id);
+        let e = self.slab.remove(id);
+        if let Some(o) = self.objects.get_mut(&e.key.object) {
+            o.remove(&e.key.index);
+            if o.is_empty() {
+                self.objects.remove(&e.key.object);
+            }
+        }
+        e
+    }
+
+    /// Removes an entry for a departure of the given kind and counts it.
+    pub fn remove(&mut self, id: u32, why: Departure) -> Entry {
+        let e = self.unlink(id);
+        let c = self.counters.store_mut(e.loc.store());
+        c.used -= 1;
+        match why {
+            Departure::ExclusiveGet => {
+                c.gets_hit += 1;
+                c.exclusive_gets += 1;
+            }
+            Departure::Flush => c.flushes += 1,
+            Departure::Evict => c.evictions += 1,
+            Departure::Moved => c.moved_out += 1,
+        }
+        e
+    }
+
+    /// Pops the next eviction victim of a tier (unlinked and counted as an eviction).
+    pub fn pop_victim(&mut self, store: StoreKind) -> Option<Entry> {
+        let id = self.queues[store.idx()].pop_victim(&mut self.slab, |e| e.key)?;
+        // pop_victim unlinked it from the queue; finish the removal from the index.
+        let e = self.slab.remove(id);
+        if let Some(o) = self.objects.get_mut(&e.key.object) {
+            o.remove(&e.key.index);
+            if o.is_empty() {
+                self.objects.remove(&e.key.object);
+            }
+        }
+        let c = self.counters.store_mut(store);
+        c.used -= 1;
+        c.evictions += 1;
+        Some(e)
+    }
+
+    /// Ids of every page of an object.
+    pub fn object_ids(&self, object: u64) -> Vec<u32> {
+        self.objects.get(&object).map(|o| o.values().copied().collect()).unwrap_or_default()
+    }
+
+    /// Ids of every entry (destroy, spec changes).
+    pub fn all_ids(&self) -> Vec<u32> {
+        self.slab.iter().map(|(id, _)| id).collect()
+    }
+
+    /// Ids of entries in a tier, oldest first, at most `n`.
+    pub fn oldest_in(&self, store: StoreKind, n: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n);
+        let mut cur = self.queues[store.idx()].peek_oldest();
+        while let Some(id) = cur {
+            if out.len() == n {
+                break;
+            }
+            out.push(id);
+            let next = self.slab.get(id).links.next;
+            cur = (next != crate::order::NIL).then_some(next);
+        }
+        out
+    }
+
+    /// Ids of entries in a tier, youngest first, at most `n`.
+    pub fn youngest_in(&self, store: StoreKind, n: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n);
+        let mut cur = self.queues[store.idx()].peek_youngest();
+        while let Some(id) = cur {
+            if out.len() == n {
+                break;
+            }
+            out.push(id);
+            let prev = self.slab.get(id).links.prev;
+            cur = (prev != crate::order::NIL).then_some(prev);
+        }
+        out
+    }
+
+    /// Records an access for the eviction order (non-exclusive hits).
+    pub fn touch(&mut self, id: u32) {
+        let store = self.slab.get(id).loc.store();
+        self.queues[store.idx()].touch(&mut self.slab, id);
+    }
+
+    /// Verifies the pool's invariants; panics with a description when one is broken.
+    pub fn check(&self) {
+        let mut per_store = [0u64; 2];
+        let mut indexed = 0usize;
+        for (object, pages) in &self.objects {
+            assert!(!pages.is_empty(), "empty object map for {object}");
+            for (index, id) in pages {
+                let e = self.slab.get(*id);
+                assert_eq!(e.key, Key::new(*object, *index), "index points at the wrong entry");
+                per_store[e.loc.store().idx()] += 1;
+                indexed += 1;
+            }
+        }
+        assert_eq!(indexed, self.slab.len(), "slab and index disagree");
+        for s in StoreKind::ALL {
+            let c = self.counters.store(s);
+            assert_eq!(c.used, per_store[s.idx()], "used counter of {s} disagrees with the index");
+            assert_eq!(self.queues[s.idx()].len() as u64, c.used, "queue length of {s} disagrees");
+            assert!(c.identity_holds(), "stats identity broken in {s}: {c:?}");
+        }
+    }
+}
+
+/// How a page arrives in a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    Put,
+    Moved,
+}
+
+/// Why a page leaves a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Departure {
+    ExclusiveGet,
+    Flush,
+    Evict,
+    Moved,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_packs_and_unpacks() {
+        for s in [
+            Spec::None,
+            Spec::Mem { weight: 7 },
+            Spec::Ssd { weight: MAX_WEIGHT },
+            Spec::Hybrid { mem_weight: 3, ssd_weight: MAX_WEIGHT },
+        ] {
+            assert_eq!(AtomicSpec::new(s).load(), s);
+        }
+    }
+
+    #[test]
+    fn insert_replace_and_remove_keep_counters_exact() {
+        let p = Pool::new(
+            PoolId(1),
+            VmId(1),
+            PoolKind::Ephemeral,
+            Spec::Mem { weight: 1 },
+            EvictionOrder::Fifo,
+            true,
+        );
+        let mut g = p.inner.lock();
+        assert_eq!(g.insert(Key::new(1, 1), Loc::Mem(FrameId(0)), 1, Arrival::Put), None);
+        assert_eq!(
+            g.insert(Key::new(1, 1), Loc::Mem(FrameId(1)), 2, Arrival::Put),
+            Some(Loc::Mem(FrameId(0)))
+        );
+        g.insert(Key::new(1, 2), Loc::Mem(FrameId(2)), 3, Arrival::Put);
+        g.check();
+        let id = g.lookup(Key::new(1, 2)).unwrap();
+        g.remove(id, Departure::ExclusiveGet);
+        let v = g.pop_victim(StoreKind::Mem).unwrap();
+        assert_eq!(v.loc, Loc::Mem(FrameId(1)));
+        g.check();
+        let c = g.counters.mem;
+        assert_eq!((c.puts, c.flushes, c.exclusive_gets, c.evictions, c.used), (3, 1, 1, 1, 0));
+    }
+}

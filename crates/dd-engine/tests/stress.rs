@@ -1,0 +1,189 @@
+//! Concurrency stress (acceptance 6 of the engine issue): several threads put, get, flush and migrate
+//! across VMs, pools and stores while another thread reconfigures capacities, weights, specs, mode and
+//! batch size, and the background maintenance worker moves hybrid pages. At the end the statistics
+//! identity holds exactly everywhere, every persistent page that was stored is still there with its
+//! latest bytes, and no get ever returned bytes that were not the latest put of its key.
+
+mod common;
+
+use common::*;
+use dd_engine::config::Maintenance;
+use dd_engine::{Cache, Key, Mode, PoolId, PoolOptions, Spec, StoreKind, VmId, VmWeights};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const THREADS: usize = 4;
+const OPS_PER_THREAD: usize = 40_000;
+
+#[test]
+fn mixed_load_with_reconfiguration_keeps_every_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path(), 256, 512, 8);
+    cfg.maintenance = Maintenance::Background;
+    cfg.maintenance_interval_ms = 1;
+    let cache = Arc::new(Cache::new(cfg).unwrap());
+    for vm in 1..=2 {
+        cache.add_vm(VmId(vm), VmWeights { mem: vm, ssd: 3 - vm }).unwrap();
+    }
+    // Each worker thread owns its keys (object = thread id) so it can model them exactly; pools are
+    // shared between threads, which is what makes the locking interesting.
+    let specs = [
+        Spec::Mem { weight: 3 },
+        Spec::Ssd { weight: 2 },
+        Spec::Hybrid { mem_weight: 1, ssd_weight: 1 },
+        Spec::Mem { weight: 1 },
+    ];
+    let mut pools: Vec<(VmId, PoolId)> = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let vm = VmId(1 + (i as u32 % 2));
+        pools.push((vm, cache.new_pool(vm, PoolOptions::ephemeral(*spec)).unwrap()));
+    }
+    let persistent: Vec<(VmId, PoolId)> = (1..=2)
+        .map(|vm| (VmId(vm), cache.new_pool(VmId(vm), PoolOptions::persistent(Spec::Mem { weight: 1 })).unwrap()))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let reconfig = {
+        let cache = cache.clone();
+        let stop = stop.clone();
+        let pools = pools.clone();
+        std::thread::spawn(move || {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                match rng.gen_range(0..6) {
+                    0 => cache.set_capacity(StoreKind::Mem, rng.gen_range(128..320) * PS as u64).unwrap(),
+                    1 => cache.set_capacity(StoreKind::Ssd, rng.gen_range(256..640) * PS as u64).unwrap(),
+                    2 => {
+                        let vm = VmId(rng.gen_range(1..=2));
+                        cache.set_vm_weights(vm, VmWeights { mem: rng.gen_range(1..5), ssd: rng.gen_range(1..5) }).unwrap()
+                    }
+                    3 => {
+                        let (vm, p) = pools[rng.gen_range(0..pools.len())];
+                        let spec = specs_for(rng.gen_range(0..4), rng.gen_range(1..9));
+                        cache.set_spec(vm, p, spec).unwrap();
+                    }
+                    4 => cache.set_mode(if rng.gen_bool(0.2) { Mode::Global } else { Mode::Partitioned }),
+                    _ => cache.set_eviction_batch(rng.gen_range(1..16) * PS as u64).unwrap(),
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            n
+        })
+    };
+
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let cache = cache.clone();
+            let pools = pools.clone();
+            let persistent = persistent.clone();
+            std::thread::spawn(move || worker(t, &cache, &pools, &persistent))
+        })
+        .collect();
+    let mut persistent_models = Vec::new();
+    for w in workers {
+        persistent_models.push(w.join().expect("worker panicked"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reconfigs = reconfig.join().unwrap();
+    assert!(reconfigs > 10, "the reconfiguration thread must have run");
+    cache.quiesce();
+    assert_identity(&cache);
+    // No persistent page lost.
+    for (t, model) in persistent_models.into_iter().enumerate() {
+        for ((vm, pool, key), version) in model {
+            let mut out = vec![0u8; PS];
+            assert!(cache.get(vm, pool, key, &mut out).unwrap(), "thread {t}: persistent {key:?} lost");
+            assert_eq!(out, page(pool, key, version));
+        }
+    }
+    let t = cache.host_stats().totals;
+    assert!(t.mem.evictions > 0 && t.demotions > 0 && t.migrations_in > 0, "{t:?}");
+}
+
+fn specs_for(code: u32, w: u32) -> Spec {
+    match code {
+        0 => Spec::Mem { weight: w },
+        1 => Spec::Ssd { weight: w },
+        2 => Spec::Hybrid { mem_weight: w, ssd_weight: 10 - w },
+        _ => Spec::Mem { weight: 1 + w },
+    }
+}
+
+type Model = HashMap<(VmId, PoolId, Key), u64>;
+
+fn worker(t: usize, cache: &Cache, pools: &[(VmId, PoolId)], persistent: &[(VmId, PoolId)]) -> Model {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(t as u64);
+    let mut eph: Model = HashMap::new();
+    let mut per: Model = HashMap::new();
+    let mut version = (t as u64) << 40;
+    let obj = t as u64;
+    let mut out = vec![0u8; PS];
+    for _ in 0..OPS_PER_THREAD {
+        let key = Key::new(obj, rng.gen_range(0..64));
+        version += 1;
+        match rng.gen_range(0..100) {
+            0..=39 => {
+                let (vm, p) = pools[rng.gen_range(0..pools.len())];
+                if cache.put(vm, p, key, &page(p, key, version)).unwrap().is_stored() {
+                    eph.insert((vm, p, key), version);
+                } else {
+                    eph.remove(&(vm, p, key));
+                }
+            }
+            40..=74 => {
+                let (vm, p) = pools[rng.gen_range(0..pools.len())];
+                if cache.get(vm, p, key, &mut out).unwrap() {
+                    let v = eph.remove(&(vm, p, key)).expect("hit on a key this thread never stored there");
+                    // The page may have been migrated here from another pool: its bytes name the writer.
+                    let writer = PoolId(u32::from_le_bytes(out[0..4].try_into().unwrap()));
+                    assert_eq!(out, page(writer, key, v), "stale or wrong bytes");
+                } else {
+                    eph.remove(&(vm, p, key));
+                }
+            }
+            75..=84 => {
+                let (vm, p) = persistent[rng.gen_range(0..persistent.len())];
+                if cache.put(vm, p, key, &page(p, key, version)).unwrap().is_stored() {
+                    per.insert((vm, p, key), version);
+                } else {
+                    per.remove(&(vm, p, key));
+                }
+            }
+            85..=92 => {
+                let (vm, p) = persistent[rng.gen_range(0..persistent.len())];
+                let hit = cache.get(vm, p, key, &mut out).unwrap();
+                match per.get(&(vm, p, key)) {
+                    Some(v) => {
+                        assert!(hit, "persistent page lost");
+                        assert_eq!(out, page(p, key, *v));
+                    }
+                    None => assert!(!hit, "persistent get returned a page never stored"),
+                }
+            }
+            93..=96 => {
+                let (vm, p) = pools[rng.gen_range(0..pools.len())];
+                cache.flush_page(vm, p, key).unwrap();
+                eph.remove(&(vm, p, key));
+            }
+            _ => {
+                // Migrate this thread's object between two pools of one VM.
+                let vm = VmId(1 + rng.gen_range(0..2));
+                let same_vm: Vec<PoolId> = pools.iter().filter(|(v, _)| *v == vm).map(|(_, p)| *p).collect();
+                let (a, b) = (same_vm[0], same_vm[1]);
+                let (from, to) = if rng.gen_bool(0.5) { (a, b) } else { (b, a) };
+                cache.migrate_object(vm, from, to, obj).unwrap();
+                let moved: Vec<(Key, u64)> =
+                    eph.iter().filter(|((v, p, _), _)| *v == vm && *p == from).map(|((_, _, k), ver)| (*k, *ver)).collect();
+                eph.retain(|(v, p, _), _| !(*v == vm && (*p == from || *p == to)));
+                for (k, ver) in moved {
+                    eph.insert((vm, to, k), ver);
+                }
+            }
+        }
+    }
+    per
+}

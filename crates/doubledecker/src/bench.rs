@@ -1,0 +1,117 @@
+//! `doubledecker bench ...`: runs a benchmark from `dd-bench` and prints its report.
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// In-process put / get-hit / get-miss rates against a memcpy baseline.
+    Store(StoreArgs),
+    /// SSD store 4 KiB random-read IOPS against fio on the same file system.
+    Ssd(SsdArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StoreArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Concurrent threads, each one container with its own pool.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Pages each thread puts and gets per round.
+    #[arg(long, default_value_t = 65_536)]
+    working_set_pages: u64,
+    /// Minimum measuring time per configuration, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct SsdArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Directory on the file system under test.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Size of the store's file and of fio's, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    file_size_mib: u64,
+    /// Reads in flight, for the store and for fio.
+    #[arg(long, default_value_t = 32)]
+    queue_depth: usize,
+    /// Length of each measurement, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Buffered I/O on both sides instead of O_DIRECT.
+    #[arg(long)]
+    buffered: bool,
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Store(a) => {
+            let opts = dd_bench::store::StoreBenchOptions {
+                threads: a.threads,
+                working_set_pages: a.working_set_pages,
+                duration_secs: a.seconds,
+                seed: a.seed,
+                ..Default::default()
+            };
+            let r = dd_bench::store::run(&opts, &mut |msg| eprintln!("bench store: {msg}"))
+                .context("bench store failed")?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("threads                {:>14}", r.threads);
+                println!("memcpy     pages/s     {:>14.0}", r.memcpy_pages_per_s);
+                println!(
+                    "put        pages/s     {:>14.0}  ({:.2} of memcpy)",
+                    r.put_pages_per_s, r.put_vs_memcpy
+                );
+                println!(
+                    "get (hit)  pages/s     {:>14.0}  ({:.2} of memcpy)",
+                    r.get_hit_pages_per_s, r.get_hit_vs_memcpy
+                );
+                println!("get (miss) per s       {:>14.0}", r.get_miss_per_s);
+                if let (Some(p), Some(g)) = (r.put_scaling, r.get_hit_scaling) {
+                    println!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x");
+                }
+                println!("stats identity holds   {:>14}", r.identity_holds);
+            }
+        }
+        BenchCommand::Ssd(a) => {
+            let opts = dd_bench::ssd::SsdBenchOptions {
+                dir: a.dir,
+                file_size_bytes: a.file_size_mib << 20,
+                queue_depth: a.queue_depth,
+                duration_secs: a.seconds,
+                direct: !a.buffered,
+                seed: a.seed,
+            };
+            eprintln!(
+                "bench ssd: filling {} MiB, then {} s of reads for the store and for fio",
+                a.file_size_mib, a.seconds
+            );
+            let r = dd_bench::ssd::run(&opts).context("bench ssd failed")?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("file system            {} ({})", r.file_system, r.dir);
+                println!("queue depth            {} ({} threads)", r.queue_depth, r.reader_threads);
+                println!("direct I/O             {}", r.direct_io);
+                println!("backend                {}", r.io_backend);
+                println!("doubledecker IOPS      {:>10.0}", r.dd_iops);
+                println!("fio IOPS               {:>10.0}", r.fio_iops);
+                println!("ratio                  {:>10.2}", r.ratio);
+            }
+        }
+    }
+    Ok(())
+}
