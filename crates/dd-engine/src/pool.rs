@@ -113,8 +113,6 @@ pub(crate) struct Pool {
     pub used: [AtomicU64; 2],
     /// Entitlement per store in pages, set when the partition is recomputed.
     pub entitlement: [AtomicU64; 2],
-    /// Seq of the oldest entry per tier (u64::MAX when empty), for global mode.
-    pub oldest_seq: [AtomicU64; 2],
 }
 
 pub(crate) struct PoolInner {
@@ -153,7 +151,6 @@ impl Pool {
             }),
             used: [AtomicU64::new(0), AtomicU64::new(0)],
             entitlement: [AtomicU64::new(0), AtomicU64::new(0)],
-            oldest_seq: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
         }
     }
 
@@ -174,8 +171,6 @@ impl Pool {
     pub fn publish(&self, inner: &PoolInner) {
         for s in StoreKind::ALL {
             self.used[s.idx()].store(inner.counters.store(s).used, Ordering::Relaxed);
-            let oldest = inner.queues[s.idx()].peek_oldest().map_or(u64::MAX, |id| inner.slab.get(id).seq);
-            self.oldest_seq[s.idx()].store(oldest, Ordering::Relaxed);
         }
         // O(1) checks on every change; the full O(n) walk on small pools and on every 4096th change, so
         // that checking never makes a workload quadratic.
@@ -287,6 +282,11 @@ impl PoolInner {
         c.used -= 1;
         c.evictions += 1;
         Some(e)
+    }
+
+    /// Seq of the oldest page of a tier (global mode compares pools by it).
+    pub fn oldest_seq(&self, store: StoreKind) -> Option<u64> {
+        self.queues[store.idx()].peek_oldest().map(|id| self.slab.get(id).seq)
     }
 
     /// Ids of every page of an object.

@@ -41,7 +41,9 @@ fn mixed_load_with_reconfiguration_keeps_every_rule() {
         pools.push((vm, cache.new_pool(vm, PoolOptions::ephemeral(*spec)).unwrap()));
     }
     let persistent: Vec<(VmId, PoolId)> = (1..=2)
-        .map(|vm| (VmId(vm), cache.new_pool(VmId(vm), PoolOptions::persistent(Spec::Mem { weight: 1 })).unwrap()))
+        .map(|vm| {
+            (VmId(vm), cache.new_pool(VmId(vm), PoolOptions::persistent(Spec::Mem { weight: 1 })).unwrap())
+        })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
 
@@ -59,7 +61,12 @@ fn mixed_load_with_reconfiguration_keeps_every_rule() {
                     1 => cache.set_capacity(StoreKind::Ssd, rng.gen_range(256..640) * PS as u64).unwrap(),
                     2 => {
                         let vm = VmId(rng.gen_range(1..=2));
-                        cache.set_vm_weights(vm, VmWeights { mem: rng.gen_range(1..5), ssd: rng.gen_range(1..5) }).unwrap()
+                        cache
+                            .set_vm_weights(
+                                vm,
+                                VmWeights { mem: rng.gen_range(1..5), ssd: rng.gen_range(1..5) },
+                            )
+                            .unwrap()
                     }
                     3 => {
                         let (vm, p) = pools[rng.gen_range(0..pools.len())];
@@ -176,8 +183,11 @@ fn worker(t: usize, cache: &Cache, pools: &[(VmId, PoolId)], persistent: &[(VmId
                 let (a, b) = (same_vm[0], same_vm[1]);
                 let (from, to) = if rng.gen_bool(0.5) { (a, b) } else { (b, a) };
                 cache.migrate_object(vm, from, to, obj).unwrap();
-                let moved: Vec<(Key, u64)> =
-                    eph.iter().filter(|((v, p, _), _)| *v == vm && *p == from).map(|((_, _, k), ver)| (*k, *ver)).collect();
+                let moved: Vec<(Key, u64)> = eph
+                    .iter()
+                    .filter(|((v, p, _), _)| *v == vm && *p == from)
+                    .map(|((_, _, k), ver)| (*k, *ver))
+                    .collect();
                 eph.retain(|(v, p, _), _| !(*v == vm && (*p == from || *p == to)));
                 for (k, ver) in moved {
                     eph.insert((vm, to, k), ver);

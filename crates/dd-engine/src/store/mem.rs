@@ -15,6 +15,7 @@
 //! Capacity accounting (how many frames may be in use) is done by the cache's store reservation, not
 //! here; this type only guarantees that `alloc` succeeds while fewer than `limit` frames are in use.
 
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
@@ -33,7 +34,8 @@ pub struct MemStore {
     bump: AtomicU32,
     /// Frames the bump pointer may reach (the current capacity in frames).
     limit: AtomicU32,
-    stacks: [Mutex<Vec<u32>>; STACKS],
+    /// Padded: threads work on different stacks, and two stacks in one cache line would ping-pong it.
+    stacks: [CachePadded<Mutex<Vec<u32>>>; STACKS],
     next_stack: AtomicUsize,
 }
 
@@ -83,7 +85,7 @@ impl MemStore {
             max_frames,
             bump: AtomicU32::new(0),
             limit: AtomicU32::new(limit.min(max_frames)),
-            stacks: std::array::from_fn(|_| Mutex::new(Vec::new())),
+            stacks: std::array::from_fn(|_| CachePadded::new(Mutex::new(Vec::new()))),
             next_stack: AtomicUsize::new(0),
         })
     }
