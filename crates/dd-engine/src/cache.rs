@@ -487,7 +487,7 @@ impl Cache {
         let p = self.shared.pool(vm, pool)?;
         let loc = {
             let mut g = p.inner.lock();
-            let loc = g.lookup(key).map(|id| g.remove(id, Departure::Flush).loc);
+            let loc = g.take(key, Departure::Flush).map(|e| e.loc);
             p.publish(&g);
             loc
         };
@@ -890,7 +890,7 @@ impl Shared {
         let loc = {
             let mut g = p.inner.lock();
             g.counters.puts_refused += 1;
-            let loc = g.lookup(key).map(|id| g.remove(id, Departure::Flush).loc);
+            let loc = g.take(key, Departure::Flush).map(|e| e.loc);
             p.publish(&g);
             loc
         };
@@ -1064,7 +1064,7 @@ impl Shared {
         if p.exclusive_gets {
             let taken = {
                 let mut g = p.inner.lock();
-                let r = g.lookup(key).map(|id| g.remove(id, Departure::ExclusiveGet).loc);
+                let r = g.take(key, Departure::ExclusiveGet).map(|e| e.loc);
                 if r.is_none() {
                     g.counters.gets_missed += 1;
                 }
@@ -1165,9 +1165,9 @@ impl Shared {
         {
             let mut g = p.inner.lock();
             for (i, k) in keys.iter().enumerate() {
-                match g.lookup(*k) {
-                    Some(id) => {
-                        let loc = g.remove(id, Departure::ExclusiveGet).loc;
+                match g.take(*k, Departure::ExclusiveGet) {
+                    Some(e) => {
+                        let loc = e.loc;
                         taken.push((
                             i,
                             match loc {
@@ -1302,17 +1302,18 @@ impl Shared {
             // 1. Copy the oldest pages out under the lock (they stay indexed and readable).
             let picked: Vec<(Key, u64)> = {
                 let g = p.inner.lock();
-                let ids = g.oldest_in(StoreKind::Mem, want);
-                ids.iter()
-                    .enumerate()
-                    .map(|(i, &id)| {
-                        let e = g.entry(id);
-                        if let Loc::Mem(f) = e.loc {
-                            self.mem.read(f, &mut buf[i * ps..(i + 1) * ps]);
-                        }
-                        (e.key, e.version)
-                    })
-                    .collect()
+                let mut picked = Vec::with_capacity(want);
+                for id in g.oldest_in(StoreKind::Mem, want) {
+                    let e = g.entry(id);
+                    let Loc::Mem(f) = e.loc else {
+                        crate::invariant!(false, "memory queue holds a page located on SSD");
+                        continue;
+                    };
+                    let i = picked.len();
+                    self.mem.read(f, &mut buf[i * ps..(i + 1) * ps]);
+                    picked.push((e.key, e.version));
+                }
+                picked
             };
             if picked.is_empty() {
                 break;

@@ -1,39 +1,42 @@
-//! Per-pool eviction order: FIFO (the paper's), LRU, CLOCK and S3-FIFO over one intrusive list slab.
+//! Per-pool eviction order: FIFO (the paper's), LRU, CLOCK and S3-FIFO, as ring queues with lazy
+//! deletion.
 //!
-//! A pool keeps one [`OrderQueue`] per store tier. Entries live in the pool's [`Slab`]; the queue links
-//! them through `prev`/`next` indices, so insert, touch, remove and victim selection are O(1) (CLOCK and
-//! S3-FIFO amortised O(1)). The queue never owns page data: popping a victim only unlinks it; the pool
-//! then removes it from its index and frees the frame outside its lock.
+//! A pool keeps one [`OrderQueue`] per store tier. Entries live in the pool's [`Slab`]; the queue holds
+//! *records* `(entry id, stamp)` in order. Each entry carries the stamp of its one live record
+//! ([`QPos`]). Removing an entry from the order (a get, a flush, a migration) touches nothing but the
+//! entry itself: its record goes stale (the id is freed, or reused by an entry with another stamp) and is
+//! skipped when it reaches the head. This is what keeps the data path at one metadata cache miss for the
+//! order: an exclusive cache removes pages in random order, and unlinking from a doubly linked list
+//! would touch two more random entries per get.
 //!
-//! Invariant: an entry id is linked in at most one list of one queue, and `len` of a list is the number
-//! of entries linked in it.
+//! Invariants:
+//! * every entry in the queue has exactly one live record: the one whose stamp equals `QPos::stamp`, in
+//!   the list named by `QPos::list`; `live[list]` counts those entries;
+//! * stale records are bounded: when a list holds more than twice its live count (plus a constant), it
+//!   is compacted, so memory is O(live) and every operation is amortised O(1).
 
 use crate::types::{EvictionOrder, Key};
 use std::collections::{HashSet, VecDeque};
 
-pub(crate) const NIL: u32 = u32::MAX;
-
-/// The links an entry carries for its queue.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Links {
-    pub prev: u32,
-    pub next: u32,
-    /// Which list (0 = main/only, 1 = S3-FIFO small).
+/// Queue position of an entry: the stamp of its live record, its list, and its reference count.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QPos {
+    pub stamp: u64,
+    /// 0 = main (the only list of FIFO/LRU/CLOCK), 1 = S3-FIFO small.
     pub list: u8,
     /// CLOCK reference bit / S3-FIFO frequency (0..=3).
     pub freq: u8,
+    /// Whether the entry is currently in a queue (cleared on removal).
+    pub queued: bool,
+    /// Which queue of the pool holds it (queues number their stamps independently, so a stale record
+    /// of one queue must never match an entry that now lives in another).
+    pub queue: u8,
 }
 
-impl Default for Links {
-    fn default() -> Self {
-        Links { prev: NIL, next: NIL, list: 0, freq: 0 }
-    }
-}
-
-/// Anything stored in a slab that a queue can link.
-pub(crate) trait Linked {
-    fn links(&self) -> &Links;
-    fn links_mut(&mut self) -> &mut Links;
+/// Anything stored in a slab that a queue can order.
+pub(crate) trait Queued {
+    fn qpos(&self) -> &QPos;
+    fn qpos_mut(&mut self) -> &mut QPos;
 }
 
 /// A vector of entries with a free list; ids are stable while an entry lives.
@@ -67,8 +70,11 @@ impl<T> Slab<T> {
         self.live -= 1;
         item
     }
+    pub fn try_get(&self, id: u32) -> Option<&T> {
+        self.items.get(id as usize).and_then(|x| x.as_ref())
+    }
     pub fn get(&self, id: u32) -> &T {
-        self.items[id as usize].as_ref().expect("slab: dangling id")
+        self.try_get(id).expect("slab: dangling id")
     }
     pub fn get_mut(&mut self, id: u32) -> &mut T {
         self.items[id as usize].as_mut().expect("slab: dangling id")
@@ -82,178 +88,202 @@ impl<T> Slab<T> {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct List {
-    head: u32,
-    tail: u32,
-    len: usize,
-}
-
-impl Default for List {
-    fn default() -> Self {
-        List { head: NIL, tail: NIL, len: 0 }
-    }
-}
-
-/// The order queue of one pool tier.
-#[derive(Debug)]
-pub(crate) struct OrderQueue {
-    order: EvictionOrder,
-    lists: [List; 2],
-    /// S3-FIFO ghost: keys recently evicted from the small queue, bounded by the queue's size.
-    ghost: VecDeque<Key>,
-    ghost_set: HashSet<Key>,
+struct Record {
+    id: u32,
+    stamp: u64,
 }
 
 const MAIN: u8 = 0;
 const SMALL: u8 = 1;
 
+/// The order queue of one pool tier.
+#[derive(Debug)]
+pub(crate) struct OrderQueue {
+    /// This queue's number among its pool's queues (the tier index).
+    id: u8,
+    order: EvictionOrder,
+    lists: [VecDeque<Record>; 2],
+    live: [usize; 2],
+    next_stamp: u64,
+    /// S3-FIFO ghost: keys recently evicted from the small queue, bounded by the queue's size.
+    ghost: VecDeque<Key>,
+    ghost_set: HashSet<Key>,
+}
+
 impl OrderQueue {
-    pub fn new(order: EvictionOrder) -> Self {
-        OrderQueue { order, lists: [List::default(); 2], ghost: VecDeque::new(), ghost_set: HashSet::new() }
+    pub fn new(id: u8, order: EvictionOrder) -> Self {
+        OrderQueue {
+            id,
+            order,
+            lists: [VecDeque::new(), VecDeque::new()],
+            live: [0; 2],
+            next_stamp: 1,
+            ghost: VecDeque::new(),
+            ghost_set: HashSet::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.lists[0].len + self.lists[1].len
+        self.live[0] + self.live[1]
     }
 
-    fn link_tail<T: Linked>(&mut self, slab: &mut Slab<T>, id: u32, list: u8) {
-        let l = &mut self.lists[list as usize];
-        let tail = l.tail;
-        {
-            let links = slab.get_mut(id).links_mut();
-            links.prev = tail;
-            links.next = NIL;
-            links.list = list;
-        }
-        if tail == NIL {
-            l.head = id;
-        } else {
-            slab.get_mut(tail).links_mut().next = id;
-        }
-        l.tail = id;
-        l.len += 1;
+    fn is_live<T: Queued>(&self, slab: &Slab<T>, r: Record, list: u8) -> bool {
+        slab.try_get(r.id).is_some_and(|e| {
+            let q = e.qpos();
+            q.queued && q.queue == self.id && q.stamp == r.stamp && q.list == list
+        })
     }
 
-    fn unlink<T: Linked>(&mut self, slab: &mut Slab<T>, id: u32) {
-        let Links { prev, next, list, .. } = *slab.get(id).links();
-        let l = &mut self.lists[list as usize];
-        if prev == NIL {
-            l.head = next;
-        } else {
-            slab.get_mut(prev).links_mut().next = next;
-        }
-        if next == NIL {
-            l.tail = prev;
-        } else {
-            slab.get_mut(next).links_mut().prev = prev;
-        }
-        l.len -= 1;
-        let links = slab.get_mut(id).links_mut();
-        links.prev = NIL;
-        links.next = NIL;
+    fn append<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32, list: u8) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        let q = slab.get_mut(id).qpos_mut();
+        q.stamp = stamp;
+        q.list = list;
+        q.queued = true;
+        q.queue = self.id;
+        self.lists[list as usize].push_back(Record { id, stamp });
+        self.live[list as usize] += 1;
+        self.maybe_compact(slab, list);
     }
 
-    /// Links a newly inserted entry.
-    pub fn push<T: Linked>(&mut self, slab: &mut Slab<T>, id: u32, key: Key) {
-        slab.get_mut(id).links_mut().freq = 0;
-        if self.order == EvictionOrder::S3Fifo {
-            if self.ghost_set.remove(&key) {
-                self.link_tail(slab, id, MAIN);
-            } else {
-                self.link_tail(slab, id, SMALL);
-            }
-        } else {
-            self.link_tail(slab, id, MAIN);
+    fn maybe_compact<T: Queued>(&mut self, slab: &Slab<T>, list: u8) {
+        let l = list as usize;
+        if self.lists[l].len() > 2 * self.live[l] + 64 {
+            let mut records = std::mem::take(&mut self.lists[l]);
+            records.retain(|r| self.is_live(slab, *r, list));
+            self.lists[l] = records;
+            debug_assert_eq!(self.lists[l].len(), self.live[l]);
         }
     }
 
-    /// Records an access to a live entry (non-exclusive hit).
-    pub fn touch<T: Linked>(&mut self, slab: &mut Slab<T>, id: u32) {
+    /// Queues a newly inserted entry.
+    pub fn push<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32, key: Key) {
+        slab.get_mut(id).qpos_mut().freq = 0;
+        let list =
+            if self.order == EvictionOrder::S3Fifo && !self.ghost_set.remove(&key) { SMALL } else { MAIN };
+        self.append(slab, id, list);
+    }
+
+    /// Records an access to a queued entry (non-exclusive hit).
+    pub fn touch<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32) {
         match self.order {
             EvictionOrder::Fifo => {}
             EvictionOrder::Lru => {
-                let list = slab.get(id).links().list;
-                self.unlink(slab, id);
-                self.link_tail(slab, id, list);
+                let list = slab.get(id).qpos().list;
+                self.live[list as usize] -= 1;
+                self.append(slab, id, list); // the old record goes stale
             }
             EvictionOrder::Clock | EvictionOrder::S3Fifo => {
-                let l = slab.get_mut(id).links_mut();
-                l.freq = (l.freq + 1).min(3);
+                let q = slab.get_mut(id).qpos_mut();
+                q.freq = (q.freq + 1).min(3);
             }
         }
     }
 
-    /// Unlinks an entry that leaves the tier (get, flush, migration, move).
-    pub fn remove<T: Linked>(&mut self, slab: &mut Slab<T>, id: u32) {
-        self.unlink(slab, id);
+    /// Takes an entry out of the order (get, flush, migration, move). O(1): its record goes stale.
+    pub fn remove<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32) {
+        let q = slab.get_mut(id).qpos_mut();
+        debug_assert!(q.queued, "removing an entry that is not queued");
+        q.queued = false;
+        let list = q.list;
+        self.live[list as usize] -= 1;
+        self.maybe_compact(slab, list);
     }
 
-    /// The entry at the victim end, without side effects (for global-mode age comparison).
-    pub fn peek_oldest(&self) -> Option<u32> {
-        let small = self.lists[SMALL as usize];
-        if small.head != NIL {
-            return Some(small.head);
+    /// Drops stale records at the head of a list and returns the first live one.
+    fn head<T: Queued>(&mut self, slab: &Slab<T>, list: u8) -> Option<Record> {
+        while let Some(&r) = self.lists[list as usize].front() {
+            if self.is_live(slab, r, list) {
+                return Some(r);
+            }
+            self.lists[list as usize].pop_front();
         }
-        let main = self.lists[MAIN as usize];
-        (main.head != NIL).then_some(main.head)
+        None
     }
 
-    /// The youngest entry (promotion source).
-    pub fn peek_youngest(&self) -> Option<u32> {
-        let main = self.lists[MAIN as usize];
-        if main.tail != NIL {
-            return Some(main.tail);
+    /// The entry at the victim end, without changing the order (global-mode age comparison).
+    pub fn peek_oldest<T: Queued>(&mut self, slab: &Slab<T>) -> Option<u32> {
+        self.head(slab, SMALL).or_else(|| self.head(slab, MAIN)).map(|r| r.id)
+    }
+
+    /// Up to `n` queued entries, oldest first.
+    pub fn oldest<T: Queued>(&self, slab: &Slab<T>, n: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n.min(self.len()));
+        for list in [SMALL, MAIN] {
+            for r in &self.lists[list as usize] {
+                if out.len() == n {
+                    return out;
+                }
+                if self.is_live(slab, *r, list) {
+                    out.push(r.id);
+                }
+            }
         }
-        let small = self.lists[SMALL as usize];
-        (small.tail != NIL).then_some(small.tail)
+        out
     }
 
-    /// Chooses and unlinks the next victim. `key_of` gives an entry's key (for the S3-FIFO ghost).
-    pub fn pop_victim<T: Linked>(&mut self, slab: &mut Slab<T>, key_of: impl Fn(&T) -> Key) -> Option<u32> {
+    /// Up to `n` queued entries, youngest first.
+    pub fn youngest<T: Queued>(&self, slab: &Slab<T>, n: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n.min(self.len()));
+        for list in [MAIN, SMALL] {
+            for r in self.lists[list as usize].iter().rev() {
+                if out.len() == n {
+                    return out;
+                }
+                if self.is_live(slab, *r, list) {
+                    out.push(r.id);
+                }
+            }
+        }
+        out
+    }
+
+    /// Chooses the next victim and takes it out of the order. `key_of` gives an entry's key (for the
+    /// S3-FIFO ghost).
+    pub fn pop_victim<T: Queued>(&mut self, slab: &mut Slab<T>, key_of: impl Fn(&T) -> Key) -> Option<u32> {
         match self.order {
             EvictionOrder::Fifo | EvictionOrder::Lru => {
-                let head = self.lists[MAIN as usize].head;
-                if head == NIL {
-                    return None;
-                }
-                self.unlink(slab, head);
-                Some(head)
+                let r = self.head(slab, MAIN)?;
+                self.remove(slab, r.id);
+                Some(r.id)
             }
             EvictionOrder::Clock => loop {
-                let head = self.lists[MAIN as usize].head;
-                if head == NIL {
-                    return None;
-                }
-                self.unlink(slab, head);
-                let links = slab.get_mut(head).links_mut();
-                if links.freq > 0 {
-                    links.freq = 0;
-                    self.link_tail(slab, head, MAIN);
+                let r = self.head(slab, MAIN)?;
+                self.lists[MAIN as usize].pop_front();
+                let q = slab.get_mut(r.id).qpos_mut();
+                if q.freq > 0 {
+                    q.freq = 0;
+                    self.live[MAIN as usize] -= 1;
+                    self.append(slab, r.id, MAIN);
                 } else {
-                    return Some(head);
+                    self.remove(slab, r.id);
+                    return Some(r.id);
                 }
             },
             EvictionOrder::S3Fifo => self.pop_s3(slab, key_of),
         }
     }
 
-    fn pop_s3<T: Linked>(&mut self, slab: &mut Slab<T>, key_of: impl Fn(&T) -> Key) -> Option<u32> {
+    fn pop_s3<T: Queued>(&mut self, slab: &mut Slab<T>, key_of: impl Fn(&T) -> Key) -> Option<u32> {
         loop {
             let total = self.len();
             if total == 0 {
                 return None;
             }
-            let small = self.lists[SMALL as usize];
+            let small = self.live[SMALL as usize];
             // The small queue is kept at about 10% of the entries (S3-FIFO's default).
-            if small.len > 0 && (small.len * 10 >= total || self.lists[MAIN as usize].len == 0) {
-                let id = small.head;
-                self.unlink(slab, id);
-                if slab.get(id).links().freq > 0 {
-                    slab.get_mut(id).links_mut().freq = 0;
-                    self.link_tail(slab, id, MAIN);
+            if small > 0 && (small * 10 >= total || self.live[MAIN as usize] == 0) {
+                let r = self.head(slab, SMALL).expect("live count says the small list is not empty");
+                self.lists[SMALL as usize].pop_front();
+                if slab.get(r.id).qpos().freq > 0 {
+                    slab.get_mut(r.id).qpos_mut().freq = 0;
+                    self.live[SMALL as usize] -= 1;
+                    self.append(slab, r.id, MAIN);
                     continue;
                 }
-                let key = key_of(slab.get(id));
+                self.remove(slab, r.id);
+                let key = key_of(slab.get(r.id));
                 if self.ghost_set.insert(key) {
                     self.ghost.push_back(key);
                 }
@@ -262,17 +292,19 @@ impl OrderQueue {
                         self.ghost_set.remove(&old);
                     }
                 }
-                return Some(id);
+                return Some(r.id);
             }
-            let id = self.lists[MAIN as usize].head;
-            self.unlink(slab, id);
-            let links = slab.get_mut(id).links_mut();
-            if links.freq > 0 {
-                links.freq -= 1;
-                self.link_tail(slab, id, MAIN);
+            let r = self.head(slab, MAIN).expect("live count says the main list is not empty");
+            self.lists[MAIN as usize].pop_front();
+            let q = slab.get_mut(r.id).qpos_mut();
+            if q.freq > 0 {
+                q.freq -= 1;
+                self.live[MAIN as usize] -= 1;
+                self.append(slab, r.id, MAIN);
                 continue;
             }
-            return Some(id);
+            self.remove(slab, r.id);
+            return Some(r.id);
         }
     }
 }
@@ -284,24 +316,24 @@ mod tests {
     #[derive(Debug)]
     struct E {
         key: Key,
-        links: Links,
+        q: QPos,
     }
-    impl Linked for E {
-        fn links(&self) -> &Links {
-            &self.links
+    impl Queued for E {
+        fn qpos(&self) -> &QPos {
+            &self.q
         }
-        fn links_mut(&mut self) -> &mut Links {
-            &mut self.links
+        fn qpos_mut(&mut self) -> &mut QPos {
+            &mut self.q
         }
     }
 
     fn fill(order: EvictionOrder, n: u64) -> (Slab<E>, OrderQueue, Vec<u32>) {
         let mut slab = Slab::default();
-        let mut q = OrderQueue::new(order);
+        let mut q = OrderQueue::new(0, order);
         let mut ids = Vec::new();
         for i in 0..n {
             let key = Key::new(1, i);
-            let id = slab.insert(E { key, links: Links::default() });
+            let id = slab.insert(E { key, q: QPos::default() });
             q.push(&mut slab, id, key);
             ids.push(id);
         }
@@ -311,7 +343,7 @@ mod tests {
     fn drain(slab: &mut Slab<E>, q: &mut OrderQueue) -> Vec<u64> {
         let mut out = Vec::new();
         while let Some(id) = q.pop_victim(slab, |e| e.key) {
-            out.push(slab.get(id).key.index);
+            out.push(slab.remove(id).key.index);
         }
         out
     }
@@ -343,11 +375,11 @@ mod tests {
         let (mut slab, mut q, ids) = fill(EvictionOrder::S3Fifo, 10);
         q.touch(&mut slab, ids[1]);
         let first = q.pop_victim(&mut slab, |e| e.key).unwrap();
-        assert_eq!(slab.get(first).key.index, 0);
+        assert_eq!(slab.remove(first).key.index, 0);
         // Key 0 is a ghost now: reinserted, it goes straight to the main queue.
-        let id = slab.insert(E { key: Key::new(1, 0), links: Links::default() });
+        let id = slab.insert(E { key: Key::new(1, 0), q: QPos::default() });
         q.push(&mut slab, id, Key::new(1, 0));
-        assert_eq!(slab.get(id).links().list, MAIN);
+        assert_eq!(slab.get(id).qpos().list, MAIN);
         let rest = drain(&mut slab, &mut q);
         assert_eq!(rest.len(), 10);
         // Key 1 was referenced: it is promoted to main and outlives the unreferenced small entries.
@@ -357,12 +389,51 @@ mod tests {
     }
 
     #[test]
-    fn remove_in_the_middle_keeps_links_consistent() {
+    fn removed_entries_are_skipped_even_when_their_id_is_reused() {
         let (mut slab, mut q, ids) = fill(EvictionOrder::Fifo, 5);
-        q.remove(&mut slab, ids[2]);
-        q.remove(&mut slab, ids[0]);
-        q.remove(&mut slab, ids[4]);
-        assert_eq!(q.len(), 2);
-        assert_eq!(drain(&mut slab, &mut q), vec![1, 3]);
+        for &i in &[ids[2], ids[0], ids[4]] {
+            q.remove(&mut slab, i);
+            slab.remove(i);
+        }
+        // Reuse a freed id for a new entry: its old record must not make it look old.
+        let id = slab.insert(E { key: Key::new(2, 9), q: QPos::default() });
+        q.push(&mut slab, id, Key::new(2, 9));
+        assert_eq!(q.len(), 3);
+        assert_eq!(drain(&mut slab, &mut q), vec![1, 3, 9]);
+    }
+
+    #[test]
+    fn stale_records_are_compacted() {
+        let (mut slab, mut q, ids) = fill(EvictionOrder::Fifo, 1000);
+        for &i in &ids[..990] {
+            q.remove(&mut slab, i);
+            slab.remove(i);
+        }
+        assert!(q.lists[0].len() <= 2 * 10 + 64 + 1, "{} records for 10 live", q.lists[0].len());
+        assert_eq!(
+            q.oldest(&slab, 3).iter().map(|&i| slab.get(i).key.index).collect::<Vec<_>>(),
+            vec![990, 991, 992]
+        );
+        assert_eq!(
+            q.youngest(&slab, 2).iter().map(|&i| slab.get(i).key.index).collect::<Vec<_>>(),
+            vec![999, 998]
+        );
+    }
+
+    /// Regression: the memory and SSD queues of a pool number their stamps independently; an entry that
+    /// moved to the SSD queue was once matched by a stale memory-queue record with the same stamp, and
+    /// demotion then copied a page that was not in memory (a get returned zeros).
+    #[test]
+    fn regression_stale_record_of_another_queue_never_matches() {
+        let mut slab = Slab::default();
+        let mut mem = OrderQueue::new(0, EvictionOrder::Fifo);
+        let mut ssd = OrderQueue::new(1, EvictionOrder::Fifo);
+        let a = slab.insert(E { key: Key::new(1, 1), q: QPos::default() });
+        mem.push(&mut slab, a, Key::new(1, 1)); // stamp 1 in the memory queue
+        mem.remove(&mut slab, a);
+        ssd.push(&mut slab, a, Key::new(1, 1)); // stamp 1 in the SSD queue: same number
+        assert!(mem.oldest(&slab, 10).is_empty());
+        assert_eq!(mem.peek_oldest(&slab), None);
+        assert_eq!(ssd.oldest(&slab, 10), vec![a]);
     }
 }

@@ -13,7 +13,7 @@
 //!   `Pool::used` equals it whenever the lock is released;
 //! * the identity of `stats.rs` holds for both stores.
 
-use crate::order::{Linked, Links, OrderQueue, Slab};
+use crate::order::{OrderQueue, QPos, Queued, Slab};
 use crate::stats::Counters;
 use crate::store::mem::FrameId;
 use crate::store::ssd::SlotId;
@@ -45,7 +45,7 @@ impl Loc {
 pub(crate) struct Entry {
     pub key: Key,
     pub loc: Loc,
-    pub links: Links,
+    pub qpos: QPos,
     /// Store-wide insertion sequence (global FIFO mode compares pools by their oldest entry's seq).
     pub seq: u64,
     /// Unique per pool; lets an operation that dropped the lock tell whether the entry it saw is still
@@ -53,12 +53,12 @@ pub(crate) struct Entry {
     pub version: u64,
 }
 
-impl Linked for Entry {
-    fn links(&self) -> &Links {
-        &self.links
+impl Queued for Entry {
+    fn qpos(&self) -> &QPos {
+        &self.qpos
     }
-    fn links_mut(&mut self) -> &mut Links {
-        &mut self.links
+    fn qpos_mut(&mut self) -> &mut QPos {
+        &mut self.qpos
     }
 }
 
@@ -144,7 +144,7 @@ impl Pool {
             inner: Mutex::new(PoolInner {
                 objects: Map::default(),
                 slab: Slab::default(),
-                queues: [OrderQueue::new(order), OrderQueue::new(order)],
+                queues: [OrderQueue::new(0, order), OrderQueue::new(1, order)],
                 counters: Counters::default(),
                 next_version: 1,
                 dead: false,
@@ -199,17 +199,19 @@ impl PoolInner {
     /// replaced, which the caller frees after unlocking. Counts the put or move and, for a replaced
     /// page, a flush.
     pub fn insert(&mut self, key: Key, loc: Loc, seq: u64, how: Arrival) -> Option<Loc> {
-        let replaced = self.lookup(key).map(|old| {
-            let e = self.unlink(old);
-            let c = self.counters.store_mut(e.loc.store());
+        let version = self.next_version;
+        self.next_version += 1;
+        let id = self.slab.insert(Entry { key, loc, qpos: QPos::default(), seq, version });
+        // One probe of each map level: the insert returns the entry it replaced, if any.
+        let replaced = self.objects.entry(key.object).or_default().insert(key.index, id).map(|old| {
+            let store = self.slab.get(old).loc.store();
+            self.queues[store.idx()].remove(&mut self.slab, old);
+            let e = self.slab.remove(old);
+            let c = self.counters.store_mut(store);
             c.flushes += 1;
             c.used -= 1;
             e.loc
         });
-        let version = self.next_version;
-        self.next_version += 1;
-        let id = self.slab.insert(Entry { key, loc, links: Links::default(), seq, version });
-        self.objects.entry(key.object).or_default().insert(key.index, id);
         self.queues[loc.store().idx()].push(&mut self.slab, id, key);
         let c = self.counters.store_mut(loc.store());
         match how {
@@ -218,6 +220,35 @@ impl PoolInner {
         }
         c.used += 1;
         replaced
+    }
+
+    /// Removes the page of `key`, if any, and counts the departure: the data path's one-pass lookup and
+    /// removal (exclusive gets, flushes).
+    pub fn take(&mut self, key: Key, why: Departure) -> Option<Entry> {
+        let pages = self.objects.get_mut(&key.object)?;
+        let id = pages.remove(&key.index)?;
+        if pages.is_empty() {
+            self.objects.remove(&key.object);
+        }
+        let store = self.slab.get(id).loc.store();
+        self.queues[store.idx()].remove(&mut self.slab, id);
+        let e = self.slab.remove(id);
+        self.count_departure(store, why);
+        Some(e)
+    }
+
+    fn count_departure(&mut self, store: StoreKind, why: Departure) {
+        let c = self.counters.store_mut(store);
+        c.used -= 1;
+        match why {
+            Departure::ExclusiveGet => {
+                c.gets_hit += 1;
+                c.exclusive_gets += 1;
+            }
+            Departure::Flush => c.flushes += 1,
+            Departure::Evict => c.evictions += 1,
+            Departure::Moved => c.moved_out += 1,
+        }
     }
 
     /// Inserts a promoted page at the victim end of its new tier's queue, keeping its version.
@@ -253,17 +284,7 @@ impl PoolInner {
     /// Removes an entry for a departure of the given kind and counts it.
     pub fn remove(&mut self, id: u32, why: Departure) -> Entry {
         let e = self.unlink(id);
-        let c = self.counters.store_mut(e.loc.store());
-        c.used -= 1;
-        match why {
-            Departure::ExclusiveGet => {
-                c.gets_hit += 1;
-                c.exclusive_gets += 1;
-            }
-            Departure::Flush => c.flushes += 1,
-            Departure::Evict => c.evictions += 1,
-            Departure::Moved => c.moved_out += 1,
-        }
+        self.count_departure(e.loc.store(), why);
         e
     }
 
@@ -285,8 +306,8 @@ impl PoolInner {
     }
 
     /// Seq of the oldest page of a tier (global mode compares pools by it).
-    pub fn oldest_seq(&self, store: StoreKind) -> Option<u64> {
-        self.queues[store.idx()].peek_oldest().map(|id| self.slab.get(id).seq)
+    pub fn oldest_seq(&mut self, store: StoreKind) -> Option<u64> {
+        self.queues[store.idx()].peek_oldest(&self.slab).map(|id| self.slab.get(id).seq)
     }
 
     /// Ids of every page of an object.
@@ -301,32 +322,12 @@ impl PoolInner {
 
     /// Ids of entries in a tier, oldest first, at most `n`.
     pub fn oldest_in(&self, store: StoreKind, n: usize) -> Vec<u32> {
-        let mut out = Vec::with_capacity(n);
-        let mut cur = self.queues[store.idx()].peek_oldest();
-        while let Some(id) = cur {
-            if out.len() == n {
-                break;
-            }
-            out.push(id);
-            let next = self.slab.get(id).links.next;
-            cur = (next != crate::order::NIL).then_some(next);
-        }
-        out
+        self.queues[store.idx()].oldest(&self.slab, n)
     }
 
     /// Ids of entries in a tier, youngest first, at most `n`.
     pub fn youngest_in(&self, store: StoreKind, n: usize) -> Vec<u32> {
-        let mut out = Vec::with_capacity(n);
-        let mut cur = self.queues[store.idx()].peek_youngest();
-        while let Some(id) = cur {
-            if out.len() == n {
-                break;
-            }
-            out.push(id);
-            let prev = self.slab.get(id).links.prev;
-            cur = (prev != crate::order::NIL).then_some(prev);
-        }
-        out
+        self.queues[store.idx()].youngest(&self.slab, n)
     }
 
     /// Records an access for the eviction order (non-exclusive hits).
