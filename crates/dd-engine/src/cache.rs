@@ -487,7 +487,7 @@ impl Cache {
         let p = self.shared.pool(vm, pool)?;
         let loc = {
             let mut g = p.inner.lock();
-            let loc = g.take(key, Departure::Flush).map(|e| e.loc);
+            let loc = g.take(key, Departure::Flush, |_| {}).map(|e| e.loc);
             p.publish(&g);
             loc
         };
@@ -890,7 +890,7 @@ impl Shared {
         let loc = {
             let mut g = p.inner.lock();
             g.counters.puts_refused += 1;
-            let loc = g.take(key, Departure::Flush).map(|e| e.loc);
+            let loc = g.take(key, Departure::Flush, |_| {}).map(|e| e.loc);
             p.publish(&g);
             loc
         };
@@ -1064,7 +1064,7 @@ impl Shared {
         if p.exclusive_gets {
             let taken = {
                 let mut g = p.inner.lock();
-                let r = g.take(key, Departure::ExclusiveGet).map(|e| e.loc);
+                let r = g.take(key, Departure::ExclusiveGet, |l| self.prefetch(l)).map(|e| e.loc);
                 if r.is_none() {
                     g.counters.gets_missed += 1;
                 }
@@ -1080,6 +1080,13 @@ impl Shared {
             return ok;
         }
         self.get_shared(p, key, out)
+    }
+
+    /// Starts loading a memory page into the CPU caches (the copy follows shortly).
+    fn prefetch(&self, loc: Loc) {
+        if let Loc::Mem(f) = loc {
+            self.mem.prefetch(f);
+        }
     }
 
     /// Copies a location the caller owns (taken out of the index) into `out`.
@@ -1165,7 +1172,7 @@ impl Shared {
         {
             let mut g = p.inner.lock();
             for (i, k) in keys.iter().enumerate() {
-                match g.take(*k, Departure::ExclusiveGet) {
+                match g.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
                     Some(e) => {
                         let loc = e.loc;
                         taken.push((

@@ -116,7 +116,10 @@ pub(crate) struct Pool {
 }
 
 pub(crate) struct PoolInner {
-    objects: Map<u64, Map<u64, u32>>,
+    /// object -> index -> (entry id, location). The location is duplicated here so that a get learns
+    /// where the bytes are from the index probe alone and can prefetch them while it finishes the
+    /// bookkeeping (the slab entry is a second, independent cache miss).
+    objects: Map<u64, Map<u64, Slot>>,
     pub slab: Slab<Entry>,
     pub queues: [OrderQueue; 2],
     pub counters: Counters,
@@ -188,7 +191,7 @@ impl Pool {
 
 impl PoolInner {
     pub fn lookup(&self, key: Key) -> Option<u32> {
-        self.objects.get(&key.object).and_then(|o| o.get(&key.index)).copied()
+        self.objects.get(&key.object).and_then(|o| o.get(&key.index)).map(|s| s.id)
     }
 
     pub fn entry(&self, id: u32) -> &Entry {
@@ -203,15 +206,18 @@ impl PoolInner {
         self.next_version += 1;
         let id = self.slab.insert(Entry { key, loc, qpos: QPos::default(), seq, version });
         // One probe of each map level: the insert returns the entry it replaced, if any.
-        let replaced = self.objects.entry(key.object).or_default().insert(key.index, id).map(|old| {
-            let store = self.slab.get(old).loc.store();
-            self.queues[store.idx()].remove(&mut self.slab, old);
-            let e = self.slab.remove(old);
-            let c = self.counters.store_mut(store);
-            c.flushes += 1;
-            c.used -= 1;
-            e.loc
-        });
+        let slot = Slot { id, loc };
+        let replaced = self.objects.entry(key.object).or_default().insert(key.index, slot).map(
+            |Slot { id: old, .. }| {
+                let store = self.slab.get(old).loc.store();
+                self.queues[store.idx()].remove(&mut self.slab, old);
+                let e = self.slab.remove(old);
+                let c = self.counters.store_mut(store);
+                c.flushes += 1;
+                c.used -= 1;
+                e.loc
+            },
+        );
         self.queues[loc.store().idx()].push(&mut self.slab, id, key);
         let c = self.counters.store_mut(loc.store());
         match how {
@@ -224,9 +230,11 @@ impl PoolInner {
 
     /// Removes the page of `key`, if any, and counts the departure: the data path's one-pass lookup and
     /// removal (exclusive gets, flushes).
-    pub fn take(&mut self, key: Key, why: Departure) -> Option<Entry> {
+    /// `prefetch` is called with the page's location as soon as the index gives it.
+    pub fn take(&mut self, key: Key, why: Departure, prefetch: impl FnOnce(Loc)) -> Option<Entry> {
         let pages = self.objects.get_mut(&key.object)?;
-        let id = pages.remove(&key.index)?;
+        let Slot { id, loc } = pages.remove(&key.index)?;
+        prefetch(loc);
         if pages.is_empty() {
             self.objects.remove(&key.object);
         }
@@ -257,6 +265,9 @@ impl PoolInner {
         self.queues[from.store().idx()].remove(&mut self.slab, id);
         self.slab.get_mut(id).loc = to;
         let key = self.slab.get(id).key;
+        if let Some(slot) = self.objects.get_mut(&key.object).and_then(|o| o.get_mut(&key.index)) {
+            slot.loc = to;
+        }
         self.queues[to.store().idx()].push(&mut self.slab, id, key);
         let c = self.counters.store_mut(from.store());
         c.moved_out += 1;
@@ -312,7 +323,7 @@ impl PoolInner {
 
     /// Ids of every page of an object.
     pub fn object_ids(&self, object: u64) -> Vec<u32> {
-        self.objects.get(&object).map(|o| o.values().copied().collect()).unwrap_or_default()
+        self.objects.get(&object).map(|o| o.values().map(|s| s.id).collect()).unwrap_or_default()
     }
 
     /// Ids of every entry (destroy, spec changes).
@@ -342,9 +353,10 @@ impl PoolInner {
         let mut indexed = 0usize;
         for (object, pages) in &self.objects {
             assert!(!pages.is_empty(), "empty object map for {object}");
-            for (index, id) in pages {
-                let e = self.slab.get(*id);
+            for (index, slot) in pages {
+                let e = self.slab.get(slot.id);
                 assert_eq!(e.key, Key::new(*object, *index), "index points at the wrong entry");
+                assert_eq!(e.loc, slot.loc, "index and entry disagree on the location");
                 per_store[e.loc.store().idx()] += 1;
                 indexed += 1;
             }
@@ -357,6 +369,13 @@ impl PoolInner {
             assert!(c.identity_holds(), "stats identity broken in {s}: {c:?}");
         }
     }
+}
+
+/// An index leaf: the entry and, duplicated from it, its location.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    id: u32,
+    loc: Loc,
 }
 
 /// How a page arrives in a pool.
