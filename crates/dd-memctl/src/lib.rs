@@ -9,6 +9,8 @@
 //! backend (the lab's emulated memcgs, real cgroup v1 and v2). [`plan`] applies it repeatedly to a copy of
 //! the snapshot to show what a whole reclaim of N bytes would do.
 
+pub mod cgroup;
+pub mod daemon;
 pub mod decide;
 
 pub use decide::{decide, exceeds, plan, Action, Class, ContainerSnapshot, DecisionConfig, Policy, Reason};

@@ -1,6 +1,7 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 
 mod bench;
+mod memctl;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,6 +21,11 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+    /// The proportional-weight container memory controller on real cgroups (thesis 000, chapter 4).
+    Memctl {
+        #[command(subcommand)]
+        which: memctl::MemctlCommand,
+    },
 }
 
 fn main() -> Result<()> {
@@ -32,5 +38,6 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Memctl { which } => memctl::run(which),
     }
 }
