@@ -236,7 +236,7 @@ fn v1_reclaims_to_the_weight_ratio_and_restores_every_limit() {
     assert_limits_unlimited(dir.path());
     // Every lowering was followed by a restore of the same file.
     let writes = ctl_writes(&ctl);
-    assert!(writes.len() >= 2 && writes.len() % 2 == 0);
+    assert!(writes.len() >= 2 && writes.len().is_multiple_of(2));
     for pair in writes.chunks(2) {
         assert_eq!(pair[0].0, pair[1].0);
         assert_eq!(pair[1].1, UNLIMITED_V1);
