@@ -158,7 +158,7 @@ fn measure(opts: &StoreBenchOptions) -> Result<(Rates, bool), StoreBenchError> {
     let total_pages = opts.working_set_pages * opts.threads as u64;
     let cfg = EngineConfig {
         page_size_bytes: ps,
-        mem: MemStoreConfig { capacity_bytes: total_pages * ps as u64, max_capacity_bytes: None },
+        mem: MemStoreConfig { capacity_bytes: total_pages * ps as u64, ..Default::default() },
         maintenance: Maintenance::Inline,
         ..Default::default()
     };

@@ -37,6 +37,7 @@ use crate::error::CacheError;
 use crate::policy::{compute_entitlements, select_victim, EntityUsage, VmShape};
 use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, MAX_WEIGHT};
 use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
+use crate::store::dedup::{hash_page, ContentIndex, Lookup};
 use crate::store::mem::MemStore;
 use crate::store::ssd::{SsdOptions, SsdStore};
 use crate::types::{Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind, VmId, VmWeights};
@@ -103,6 +104,8 @@ struct VmNode {
     /// Counters of destroyed pools, so aggregates keep the identity.
     retired: Counters,
     entitlement: [u64; 2],
+    /// The VM's pages are de-duplicated only among themselves (`store::dedup`, side channels).
+    dedup_isolated: bool,
 }
 
 #[derive(Default)]
@@ -128,6 +131,8 @@ struct Shared {
     maintenance_interval: Duration,
     settings: RwLock<Settings>,
     mem: MemStore,
+    /// Content index when the memory store de-duplicates (`mem.dedup`).
+    dedup: Option<ContentIndex>,
     ssd: Option<SsdStore>,
     stores: [StoreState; 2],
     pools: [RwLock<Map<PoolId, Arc<Pool>>>; POOL_SHARDS],
@@ -199,6 +204,7 @@ impl Cache {
                 batch_pages: cfg.pages(cfg.eviction_batch_bytes),
                 hybrid: cfg.hybrid.clone(),
             }),
+            dedup: cfg.mem.dedup.then(|| ContentIndex::new(mem_max as u32)),
             mem,
             ssd,
             stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
@@ -242,7 +248,13 @@ impl Cache {
         }
         tree.vms.insert(
             vm,
-            VmNode { weights, pools: BTreeMap::new(), retired: Counters::default(), entitlement: [0; 2] },
+            VmNode {
+                weights,
+                pools: BTreeMap::new(),
+                retired: Counters::default(),
+                entitlement: [0; 2],
+                dedup_isolated: false,
+            },
         );
         self.shared.recompute(&mut tree);
         Ok(())
@@ -283,6 +295,18 @@ impl Cache {
         self.shared.recompute(&mut tree);
         drop(tree);
         self.after_reconfigure();
+        Ok(())
+    }
+
+    /// Puts the VM's pages in a de-duplication domain of their own (`true`) or in the shared one. Only
+    /// pages put afterwards are affected; pages already stored keep their frames.
+    pub fn set_vm_dedup_isolated(&self, vm: VmId, isolated: bool) -> Result<(), CacheError> {
+        let mut tree = self.shared.tree.write();
+        let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
+        node.dedup_isolated = isolated;
+        for p in node.pools.values() {
+            p.dedup_domain.store(dedup_domain(vm, isolated), Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -377,6 +401,7 @@ impl Cache {
             PoolKind::Persistent => false,
         };
         let pool = Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive));
+        pool.dedup_domain.store(dedup_domain(vm, node.dedup_isolated), Ordering::Relaxed);
         node.pools.insert(id, pool.clone());
         tree.pool_count += 1;
         self.shared.pools[shard_of(id)].write().insert(id, pool);
@@ -632,6 +657,18 @@ impl Cache {
         }
         for s in StoreKind::ALL {
             let reserved = self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed);
+            if let (StoreKind::Mem, Some(idx)) = (s, &self.shared.dedup) {
+                // Reservations count frames; pools count references to them.
+                if reserved != idx.frames() || idx.references() != per_store[0] {
+                    return Err(format!(
+                        "dedup: reserved {reserved}, frames {}, references {}, pages indexed {}",
+                        idx.frames(),
+                        idx.references(),
+                        per_store[0]
+                    ));
+                }
+                continue;
+            }
             if reserved != per_store[s.idx()] {
                 return Err(format!(
                     "store {s}: reserved {reserved} != pages indexed {}",
@@ -671,6 +708,15 @@ impl Drop for Cache {
         if let Some(h) = self.worker.lock().take() {
             let _ = h.join();
         }
+    }
+}
+
+/// Domain 0 is shared by every VM that does not opt out; an isolated VM's domain is its id + 1.
+fn dedup_domain(vm: VmId, isolated: bool) -> u64 {
+    if isolated {
+        vm.0 as u64 + 1
+    } else {
+        0
     }
 }
 
@@ -774,7 +820,14 @@ impl Shared {
         let mut n = [0u64; 2];
         for l in locs {
             match *l {
-                Loc::Mem(f) => self.mem.free(f),
+                Loc::Mem(f) => {
+                    if let Some(idx) = &self.dedup {
+                        if !idx.release(&self.mem, f) {
+                            continue; // still shared: no frame freed, no reservation released
+                        }
+                    }
+                    self.mem.free(f)
+                }
                 Loc::Ssd(s) => {
                     if let Some(ssd) = &self.ssd {
                         ssd.free(s)
@@ -835,6 +888,20 @@ impl Shared {
         let Some(tier) = self.put_tier(p) else {
             return Ok(self.refuse(p, key));
         };
+        // With de-duplication, an equal page already stored is shared instead of copied.
+        let mut saved = 0;
+        let content = match (&self.dedup, tier) {
+            (Some(idx), StoreKind::Mem) => {
+                let domain = p.dedup_domain.load(Ordering::Relaxed);
+                let hash = hash_page(data);
+                if let Lookup::Shared(f) = idx.lookup(&self.mem, domain, hash, data) {
+                    saved = self.page_size as u64;
+                    return self.index_put(p, key, Loc::Mem(f), StoreKind::Mem, saved);
+                }
+                Some((idx, domain, hash))
+            }
+            _ => None,
+        };
         if !self.reserve(tier, p) {
             return Ok(self.refuse(p, key));
         }
@@ -842,7 +909,19 @@ impl Shared {
             StoreKind::Mem => match self.mem.alloc() {
                 Some(f) => {
                     self.mem.write(f, data);
-                    Loc::Mem(f)
+                    match content {
+                        Some((idx, domain, hash)) => {
+                            let used = idx.insert(&self.mem, domain, hash, f, data);
+                            if used != f {
+                                // Equal content arrived meanwhile: share it and give our frame back.
+                                self.mem.free(f);
+                                self.stores[0].release(1);
+                                saved = self.page_size as u64;
+                            }
+                            Loc::Mem(used)
+                        }
+                        None => Loc::Mem(f),
+                    }
                 }
                 None => {
                     self.stores[0].release(1);
@@ -863,6 +942,18 @@ impl Shared {
                 }
             }
         };
+        self.index_put(p, key, loc, tier, saved)
+    }
+
+    /// Publishes a stored page in its pool (the last step of a put), then frees the page it replaced.
+    fn index_put(
+        &self,
+        p: &Arc<Pool>,
+        key: Key,
+        loc: Loc,
+        tier: StoreKind,
+        saved: u64,
+    ) -> Result<PutOutcome, CacheError> {
         let seq = self.next_seq();
         let replaced = {
             let mut g = p.inner.lock();
@@ -871,7 +962,7 @@ impl Shared {
                 self.free_locs(&[loc]);
                 return Err(CacheError::UnknownPool(p.id));
             }
-            let r = g.insert(key, loc, seq, Arrival::Put);
+            let r = g.insert_saving(key, loc, seq, Arrival::Put, saved);
             p.publish(&g);
             r
         };
@@ -1397,6 +1488,23 @@ impl Shared {
                 continue;
             }
             self.mem.write(frame, &page);
+            let frame = match &self.dedup {
+                Some(idx) => {
+                    let used = idx.insert(
+                        &self.mem,
+                        p.dedup_domain.load(Ordering::Relaxed),
+                        hash_page(&page),
+                        frame,
+                        &page,
+                    );
+                    if used != frame {
+                        self.mem.free(frame);
+                        self.stores[0].release(1);
+                    }
+                    used
+                }
+                None => frame,
+            };
             staged.push((key, version, slot, frame));
         }
         let mut moved = 0;

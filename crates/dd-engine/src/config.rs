@@ -51,11 +51,13 @@ pub struct MemStoreConfig {
     /// Address space reserved for the arena, so the capacity can grow at run time up to this without
     /// moving frames. Pages are committed lazily. Default: the larger of `capacity_bytes` and 1 GiB.
     pub max_capacity_bytes: Option<u64>,
+    /// Equal pages share one frame (content de-duplication, `store::dedup`). Default off.
+    pub dedup: bool,
 }
 
 impl Default for MemStoreConfig {
     fn default() -> Self {
-        MemStoreConfig { capacity_bytes: 256 * MIB, max_capacity_bytes: None }
+        MemStoreConfig { capacity_bytes: 256 * MIB, max_capacity_bytes: None, dedup: false }
     }
 }
 

@@ -111,6 +111,8 @@ pub(crate) struct Pool {
     pub inner: Mutex<PoolInner>,
     /// Mirror of `inner.counters.<store>.used`, readable without the lock (victim selection).
     pub used: [AtomicU64; 2],
+    /// De-duplication domain of new puts (`store::dedup`): 0 = shared, otherwise private to the VM.
+    pub dedup_domain: AtomicU64,
     /// Entitlement per store in pages, set when the partition is recomputed.
     pub entitlement: [AtomicU64; 2],
 }
@@ -153,6 +155,7 @@ impl Pool {
                 dead: false,
             }),
             used: [AtomicU64::new(0), AtomicU64::new(0)],
+            dedup_domain: AtomicU64::new(0),
             entitlement: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
@@ -202,6 +205,18 @@ impl PoolInner {
     /// replaced, which the caller frees after unlocking. Counts the put or move and, for a replaced
     /// page, a flush.
     pub fn insert(&mut self, key: Key, loc: Loc, seq: u64, how: Arrival) -> Option<Loc> {
+        self.insert_saving(key, loc, seq, how, 0)
+    }
+
+    /// [`Self::insert`] for a put that de-duplication saved `saved_bytes` on (0: not a de-dup hit).
+    pub fn insert_saving(
+        &mut self,
+        key: Key,
+        loc: Loc,
+        seq: u64,
+        how: Arrival,
+        saved_bytes: u64,
+    ) -> Option<Loc> {
         let version = self.next_version;
         self.next_version += 1;
         let id = self.slab.insert(Entry { key, loc, qpos: QPos::default(), seq, version });
@@ -223,6 +238,10 @@ impl PoolInner {
         match how {
             Arrival::Put => c.puts += 1,
             Arrival::Moved => c.moved_in += 1,
+        }
+        if saved_bytes > 0 {
+            c.dedup_hits += 1;
+            c.bytes_saved += saved_bytes;
         }
         c.used += 1;
         replaced

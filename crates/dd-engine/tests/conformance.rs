@@ -15,16 +15,22 @@ enum Flavor {
     Mem,
     Ssd,
     Hybrid,
+    MemDedup,
+    HybridDedup,
 }
 
 impl Flavor {
-    const ALL: [Flavor; 3] = [Flavor::Mem, Flavor::Ssd, Flavor::Hybrid];
+    const ALL: [Flavor; 5] =
+        [Flavor::Mem, Flavor::Ssd, Flavor::Hybrid, Flavor::MemDedup, Flavor::HybridDedup];
     fn spec(self) -> Spec {
         match self {
-            Flavor::Mem => Spec::Mem { weight: 100 },
+            Flavor::Mem | Flavor::MemDedup => Spec::Mem { weight: 100 },
             Flavor::Ssd => Spec::Ssd { weight: 100 },
-            Flavor::Hybrid => Spec::Hybrid { mem_weight: 100, ssd_weight: 100 },
+            Flavor::Hybrid | Flavor::HybridDedup => Spec::Hybrid { mem_weight: 100, ssd_weight: 100 },
         }
+    }
+    fn dedup(self) -> bool {
+        matches!(self, Flavor::MemDedup | Flavor::HybridDedup)
     }
 }
 
@@ -37,7 +43,11 @@ struct Fixture {
 impl Fixture {
     fn new(flavor: Flavor, mem_pages: u64, ssd_pages: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let cache = small_cache(dir.path(), mem_pages, ssd_pages, 4);
+        let cache = if flavor.dedup() {
+            small_dedup_cache(dir.path(), mem_pages, ssd_pages, 4)
+        } else {
+            small_cache(dir.path(), mem_pages, ssd_pages, 4)
+        };
         cache.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
         cache.add_vm(VmId(2), VmWeights::equal(1)).unwrap();
         Fixture { _dir: dir, cache, flavor }
@@ -310,5 +320,34 @@ fn pages_land_in_the_stores_the_spec_names() {
             };
             assert_eq!(o, PutOutcome::Stored(expected));
         }
+    });
+}
+
+#[test]
+fn equal_pages_from_different_pools_and_keys_stay_correct() {
+    // With de-duplication the same bytes are shared; every rule still holds per key.
+    each(|f| {
+        let a = f.pool(1, PoolKind::Ephemeral);
+        let b = f.pool(2, PoolKind::Ephemeral);
+        let same = vec![0xabu8; PS];
+        for i in 0..10 {
+            f.cache.put(VmId(1), a, Key::new(1, i), &same).unwrap();
+            f.cache.put(VmId(2), b, Key::new(1, i), &same).unwrap();
+        }
+        // Replace one copy with other bytes: the others keep the shared content.
+        let other = page(a, Key::new(1, 3), 9);
+        f.cache.put(VmId(1), a, Key::new(1, 3), &other).unwrap();
+        assert_eq!(get(&f.cache, 1, a, Key::new(1, 3)), Some(other));
+        for i in (0..10).filter(|i| *i != 3) {
+            assert_eq!(get(&f.cache, 1, a, Key::new(1, i)).as_deref(), Some(same.as_slice()));
+            assert_eq!(get(&f.cache, 2, b, Key::new(1, i)).as_deref(), Some(same.as_slice()));
+        }
+        assert_eq!(get(&f.cache, 2, b, Key::new(1, 3)).as_deref(), Some(same.as_slice()));
+        let host = f.cache.host_stats();
+        assert_eq!(host.stores[0].used_pages, 0, "{:?}: every frame released", f.flavor);
+        if f.flavor.dedup() {
+            assert!(host.totals.mem.dedup_hits >= 18, "{:?}", host.totals.mem);
+        }
+        assert_identity(&f.cache);
     });
 }

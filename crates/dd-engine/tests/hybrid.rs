@@ -31,7 +31,11 @@ const PAGES_PER_MIB: u64 = MIB / PAGE as u64;
 
 fn cache(dir: &std::path::Path, mem_mib: u64, ssd_mib: u64) -> Cache {
     Cache::new(EngineConfig {
-        mem: MemStoreConfig { capacity_bytes: mem_mib * MIB, max_capacity_bytes: Some(1024 * MIB) },
+        mem: MemStoreConfig {
+            capacity_bytes: mem_mib * MIB,
+            max_capacity_bytes: Some(1024 * MIB),
+            dedup: false,
+        },
         ssd: Some(SsdStoreConfig {
             path: dir.join("ssd.bin"),
             capacity_bytes: ssd_mib * MIB,
@@ -138,7 +142,7 @@ fn background_workers_reach_the_same_state() {
     // every page is in exactly one tier, watermarks hold and the identity is exact.
     let dir = tempfile::tempdir().unwrap();
     let c = Cache::new(EngineConfig {
-        mem: MemStoreConfig { capacity_bytes: 64 * MIB, max_capacity_bytes: None },
+        mem: MemStoreConfig { capacity_bytes: 64 * MIB, ..Default::default() },
         ssd: Some(SsdStoreConfig {
             path: dir.path().join("ssd.bin"),
             capacity_bytes: 128 * MIB,

@@ -176,6 +176,23 @@ impl MemStore {
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), self.page_size) }
     }
 
+    /// Whether a frame (immutable while the caller holds a reference) holds exactly `data`.
+    pub fn equals(&self, frame: FrameId, data: &[u8]) -> bool {
+        let src = self.frame_ptr(frame);
+        // SAFETY: src points to page_size bytes inside the mapping; the caller holds a reference that keeps
+        // the frame allocated and unmodified (de-duplicated frames are immutable while referenced).
+        let bytes = unsafe { std::slice::from_raw_parts(src, self.page_size) };
+        bytes == data
+    }
+
+    /// The content hash of a frame (see `store::dedup`), under the same condition as [`Self::equals`].
+    pub fn hash(&self, frame: FrameId) -> u128 {
+        let src = self.frame_ptr(frame);
+        // SAFETY: as in `equals`.
+        let bytes = unsafe { std::slice::from_raw_parts(src, self.page_size) };
+        crate::store::dedup::hash_page(bytes)
+    }
+
     /// Hints the CPU to start loading the first cache lines of a frame (a get is about to copy it). A
     /// hint only: it never faults and never changes memory.
     pub fn prefetch(&self, frame: FrameId) {

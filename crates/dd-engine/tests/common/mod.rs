@@ -29,6 +29,7 @@ pub fn small_config(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64
         mem: MemStoreConfig {
             capacity_bytes: mem_pages * PS as u64,
             max_capacity_bytes: Some(4 * mem_pages * PS as u64),
+            dedup: false,
         },
         ssd: (ssd_pages > 0).then(|| SsdStoreConfig {
             path: dir.join("ssd.bin"),
@@ -50,6 +51,13 @@ pub fn small_config(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64
 
 pub fn small_cache(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64) -> Cache {
     Cache::new(small_config(dir, mem_pages, ssd_pages, batch_pages)).expect("cache")
+}
+
+/// [`small_cache`] with the memory store's content de-duplication switched on.
+pub fn small_dedup_cache(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64) -> Cache {
+    let mut cfg = small_config(dir, mem_pages, ssd_pages, batch_pages);
+    cfg.mem.dedup = true;
+    Cache::new(cfg).expect("cache")
 }
 
 /// Asserts the SPEC section 5 identity for every pool, VM and the host, and the engine's invariants.

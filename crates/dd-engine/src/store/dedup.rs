@@ -1,0 +1,203 @@
+//! Content de-duplication of the memory store (thesis 004, chapter 4; SPEC section 4).
+//!
+//! Equal pages share one refcounted frame. The content index maps `(domain, 128-bit hash)` to a frame
+//! and its reference count; a match is confirmed by a full byte comparison before it is shared, so a
+//! hash collision can cost a missed de-duplication but never wrong data.
+//!
+//! **Domains.** Pages are only shared inside one de-duplication domain. Domain 0 is shared by every VM
+//! that does not opt out; a VM that asks for isolation gets a domain of its own. Sharing across tenants
+//! opens a timing side channel: a put that de-duplicates is measurably cheaper (no frame is written and
+//! no capacity is used), so a tenant that puts a guessed page and times the put, or watches how fast the
+//! store fills, learns whether another tenant holds a page with that content (the attack known from KSM
+//! and other memory de-duplication). An isolated VM's pages are never shared, which closes the channel
+//! for them at the cost of their de-duplication savings across tenants.
+//!
+//! **Charging.** Every pool is charged one page for every page it references, shared or not: a pool's
+//! `used` and its entitlement count logical pages, so sharing never lets a tenant exceed its share and
+//! the charge does not depend on what other tenants store. The store's capacity counts physical frames,
+//! so de-duplication shows up as free capacity (the store fills later) and in `dedup_hits` and
+//! `bytes_saved`.
+//!
+//! **Invariants.** A frame in the index is immutable while its count is positive (every reference
+//! holder only reads it); its count equals the number of pool entries that reference it; the frame is
+//! freed exactly when the count drops to zero, under the shard lock, so a concurrent put can never take
+//! a reference to a frame that is being freed. Each frame's domain is recorded when it enters the index
+//! (it is owned exclusively then); its hash is recomputed from its (immutable) bytes on release.
+//! Frames that lost a hash collision are stored unindexed (domain [`UNINDEXED`]) and freed directly.
+
+use crate::store::mem::{FrameId, MemStore};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const SHARDS: usize = 32;
+
+/// The frame-domain marker of a frame that is not in the index.
+pub const UNINDEXED: u64 = u64::MAX;
+
+type Shard = Mutex<HashMap<(u64, u128), (FrameId, u32), foldhash::fast::RandomState>>;
+
+pub struct ContentIndex {
+    shards: Box<[crossbeam_utils::CachePadded<Shard>]>,
+    /// Domain of each frame while it is indexed.
+    frame_domain: Box<[AtomicU64]>,
+    /// Frames held (indexed or not): the memory store's physical pages.
+    frames: AtomicU64,
+}
+
+/// What a put found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// An equal page exists; a reference was taken on this frame.
+    Shared(FrameId),
+    /// No equal page: the caller stores a new frame and calls [`ContentIndex::insert`].
+    Absent,
+}
+
+pub fn hash_page(data: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(data)
+}
+
+impl ContentIndex {
+    pub fn new(max_frames: u32) -> Self {
+        ContentIndex {
+            shards: (0..SHARDS)
+                .map(|_| crossbeam_utils::CachePadded::new(Mutex::new(HashMap::default())))
+                .collect(),
+            frame_domain: (0..max_frames).map(|_| AtomicU64::new(UNINDEXED)).collect(),
+            frames: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, hash: u128) -> &Shard {
+        &self.shards[(hash as usize) % SHARDS]
+    }
+
+    /// Looks for a frame equal to `data` in `domain` and takes a reference on it if there is one.
+    pub fn lookup(&self, mem: &MemStore, domain: u64, hash: u128, data: &[u8]) -> Lookup {
+        let mut shard = self.shard(hash).lock();
+        if let Some((frame, refs)) = shard.get_mut(&(domain, hash)) {
+            // The frame cannot be freed or changed while we hold the shard lock and its count is positive.
+            if mem.equals(*frame, data) {
+                *refs += 1;
+                return Lookup::Shared(*frame);
+            }
+        }
+        Lookup::Absent
+    }
+
+    /// Registers a freshly written frame (owned by the caller) holding `data`. If another thread
+    /// registered equal content meanwhile, takes a reference on that frame instead and returns it; the
+    /// caller then frees its own frame. Returns the frame the page must use.
+    pub fn insert(&self, mem: &MemStore, domain: u64, hash: u128, frame: FrameId, data: &[u8]) -> FrameId {
+        let mut shard = self.shard(hash).lock();
+        match shard.get_mut(&(domain, hash)) {
+            Some((other, refs)) if mem.equals(*other, data) => {
+                *refs += 1;
+                *other
+            }
+            Some(_) => {
+                // A genuine 128-bit collision with different bytes: keep this page unindexed.
+                self.frame_domain[frame.0 as usize].store(UNINDEXED, Ordering::Relaxed);
+                self.frames.fetch_add(1, Ordering::Relaxed);
+                frame
+            }
+            None => {
+                shard.insert((domain, hash), (frame, 1));
+                self.frame_domain[frame.0 as usize].store(domain, Ordering::Relaxed);
+                self.frames.fetch_add(1, Ordering::Relaxed);
+                frame
+            }
+        }
+    }
+
+    /// Drops one reference. Returns true when the frame is no longer referenced and must be freed (and
+    /// its reservation released) by the caller.
+    pub fn release(&self, mem: &MemStore, frame: FrameId) -> bool {
+        let domain = self.frame_domain[frame.0 as usize].load(Ordering::Relaxed);
+        if domain == UNINDEXED {
+            self.frames.fetch_sub(1, Ordering::Relaxed);
+            return true;
+        }
+        let hash = mem.hash(frame);
+        let mut shard = self.shard(hash).lock();
+        let Some((f, refs)) = shard.get_mut(&(domain, hash)) else {
+            crate::invariant!(false, "released frame {} is not in the content index", frame.0);
+            return false;
+        };
+        crate::invariant!(*f == frame, "content index points at another frame");
+        *refs -= 1;
+        if *refs == 0 {
+            shard.remove(&(domain, hash));
+            self.frame_domain[frame.0 as usize].store(UNINDEXED, Ordering::Relaxed);
+            self.frames.fetch_sub(1, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Physical frames held.
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Ordering::Relaxed)
+    }
+
+    /// Sum of reference counts over indexed frames, plus unindexed frames (for invariant checks).
+    pub fn references(&self) -> u64 {
+        let indexed: u64 =
+            self.shards.iter().map(|s| s.lock().values().map(|(_, r)| *r as u64).sum::<u64>()).sum();
+        let indexed_frames: u64 = self.shards.iter().map(|s| s.lock().len() as u64).sum();
+        indexed + (self.frames() - indexed_frames)
+    }
+}
+
+impl std::fmt::Debug for ContentIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContentIndex").field("frames", &self.frames()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_pages_share_a_frame_until_the_last_release() {
+        let mem = MemStore::new(512, 8, 8).unwrap();
+        let idx = ContentIndex::new(8);
+        let page = vec![7u8; 512];
+        let h = hash_page(&page);
+        assert_eq!(idx.lookup(&mem, 0, h, &page), Lookup::Absent);
+        let f = mem.alloc().unwrap();
+        mem.write(f, &page);
+        assert_eq!(idx.insert(&mem, 0, h, f, &page), f);
+        assert_eq!(idx.lookup(&mem, 0, h, &page), Lookup::Shared(f));
+        // Another domain does not see it.
+        assert_eq!(idx.lookup(&mem, 9, h, &page), Lookup::Absent);
+        assert_eq!(idx.frames(), 1);
+        assert_eq!(idx.references(), 2);
+        assert!(!idx.release(&mem, f));
+        assert!(idx.release(&mem, f));
+        assert_eq!(idx.frames(), 0);
+        assert_eq!(idx.lookup(&mem, 0, h, &page), Lookup::Absent);
+    }
+
+    #[test]
+    fn a_colliding_hash_with_other_bytes_is_never_shared() {
+        let mem = MemStore::new(512, 8, 8).unwrap();
+        let idx = ContentIndex::new(8);
+        let a = vec![1u8; 512];
+        let b = vec![2u8; 512];
+        let fa = mem.alloc().unwrap();
+        mem.write(fa, &a);
+        // Pretend b hashes like a.
+        let h = hash_page(&a);
+        idx.insert(&mem, 0, h, fa, &a);
+        assert_eq!(idx.lookup(&mem, 0, h, &b), Lookup::Absent);
+        let fb = mem.alloc().unwrap();
+        mem.write(fb, &b);
+        assert_eq!(idx.insert(&mem, 0, h, fb, &b), fb);
+        assert_eq!(idx.frames(), 2);
+        assert!(idx.release(&mem, fb), "the unindexed frame is freed directly");
+        assert!(idx.release(&mem, fa));
+    }
+}
