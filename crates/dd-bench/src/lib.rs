@@ -5,7 +5,9 @@
 //!
 //! * [`store`]: in-process put / get-hit / get-miss rates against a memcpy loop over the same bytes in
 //!   the same order, for one thread and several.
+//! * [`dedup`]: put cost with content de-duplication against without, same run.
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
 
+pub mod dedup;
 pub mod ssd;
 pub mod store;

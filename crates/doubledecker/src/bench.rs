@@ -10,6 +10,18 @@ pub enum BenchCommand {
     Store(StoreArgs),
     /// SSD store 4 KiB random-read IOPS against fio on the same file system.
     Ssd(SsdArgs),
+    /// Put cost with content de-duplication against without.
+    Dedup(DedupArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DedupArgs {
+    #[arg(long)]
+    json: bool,
+    #[arg(long, default_value_t = 32_768)]
+    working_set_pages: u64,
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
 }
 
 #[derive(Args, Debug)]
@@ -84,6 +96,30 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     println!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x");
                 }
                 println!("stats identity holds   {:>14}", r.identity_holds);
+            }
+        }
+        BenchCommand::Dedup(a) => {
+            let opts = dd_bench::dedup::DedupBenchOptions {
+                working_set_pages: a.working_set_pages,
+                duration_secs: a.seconds,
+                ..Default::default()
+            };
+            eprintln!("bench dedup: plain, dedup (unique pages), dedup (16 contents), {} s each", a.seconds);
+            let r = dd_bench::dedup::run(&opts).context("bench dedup failed")?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("plain put          pages/s {:>12.0}", r.plain_put_pages_per_s);
+                println!(
+                    "dedup put, unique  pages/s {:>12.0}  (cost {:.2}x plain)",
+                    r.dedup_unique_put_pages_per_s, r.dedup_unique_cost_vs_plain
+                );
+                println!(
+                    "dedup put, 16 contents    {:>12.0}  (cost {:.2}x plain, {} frames)",
+                    r.dedup_duplicate_put_pages_per_s,
+                    r.dedup_duplicate_cost_vs_plain,
+                    r.dedup_duplicate_frames
+                );
             }
         }
         BenchCommand::Ssd(a) => {
