@@ -9,13 +9,16 @@
 //! * `dedup_unique`: de-duplication on, every page different (the worst case: every put hashes the page,
 //!   probes the content index, finds nothing, copies and registers the frame);
 //! * `dedup_duplicate`: de-duplication on, every page equal to one of 16 contents (the best case: after
-//!   the first few puts each put hashes, probes, compares 4 KiB and takes a reference; nothing is copied).
+//!   the first few puts each put hashes, probes, compares 4 KiB and takes a reference; nothing is copied);
+//! * `lz4_compressible`: LZ4 compression on, pages that compress to well under half a page (random
+//!   first quarter, zeros after it: each is stored in half a frame);
+//! * `lz4_incompressible`: LZ4 compression on, random pages (compressed, found too big, stored raw).
 //!
 //! `cost_vs_plain` is `plain rate / dedup rate`, so 1.5 means a de-dup put takes 1.5x the time of a plain
 //! one. The thesis measured its de-dup put in CPU cycles (thesis 004, chapter 6); we report rates and the
 //! ratio, the form SPEC section 11 states the target in.
 
-use dd_engine::config::{Maintenance, MemStoreConfig};
+use dd_engine::config::{Compression, Maintenance, MemStoreConfig};
 use dd_engine::{Cache, EngineConfig, Key, PoolOptions, Spec, VmId, VmWeights};
 use rand::{RngCore, SeedableRng};
 use serde::Serialize;
@@ -46,6 +49,12 @@ pub struct DedupBenchReport {
     pub dedup_duplicate_cost_vs_plain: f64,
     /// Frames the duplicate workload needed at the end of a round (16 expected).
     pub dedup_duplicate_frames: u64,
+    pub lz4_compressible_put_pages_per_s: f64,
+    pub lz4_incompressible_put_pages_per_s: f64,
+    pub lz4_compressible_cost_vs_plain: f64,
+    pub lz4_incompressible_cost_vs_plain: f64,
+    /// Frames the compressible workload held at the end of a round (half the pages expected).
+    pub lz4_compressible_frames: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,12 +71,18 @@ const PS: usize = 4096;
 fn measure(
     opts: &DedupBenchOptions,
     dedup: bool,
+    compression: Compression,
     pages: &[Vec<u8>],
     content_of: impl Fn(u64) -> usize,
 ) -> Result<(f64, u64), DedupBenchError> {
     let n = opts.working_set_pages;
     let cache = Cache::new(EngineConfig {
-        mem: MemStoreConfig { capacity_bytes: (n + 64) * PS as u64, dedup, ..Default::default() },
+        mem: MemStoreConfig {
+            capacity_bytes: (n + 64) * PS as u64,
+            dedup,
+            compression,
+            ..Default::default()
+        },
         maintenance: Maintenance::Inline,
         ..Default::default()
     })?;
@@ -103,9 +118,19 @@ pub fn run(opts: &DedupBenchOptions) -> Result<DedupBenchReport, DedupBenchError
             p
         })
         .collect();
-    let (plain, _) = measure(opts, false, &unique, |i| i as usize)?;
-    let (dedup_unique, _) = measure(opts, true, &unique, |i| i as usize)?;
-    let (dedup_dup, frames) = measure(opts, true, &unique, |i| (i % 16) as usize)?;
+    let compressible: Vec<Vec<u8>> = unique
+        .iter()
+        .map(|p| {
+            let mut c = p.clone();
+            c[PS / 4..].fill(0);
+            c
+        })
+        .collect();
+    let (plain, _) = measure(opts, false, Compression::None, &unique, |i| i as usize)?;
+    let (dedup_unique, _) = measure(opts, true, Compression::None, &unique, |i| i as usize)?;
+    let (dedup_dup, frames) = measure(opts, true, Compression::None, &unique, |i| (i % 16) as usize)?;
+    let (lz4_c, lz4_frames) = measure(opts, false, Compression::Lz4, &compressible, |i| i as usize)?;
+    let (lz4_i, _) = measure(opts, false, Compression::Lz4, &unique, |i| i as usize)?;
     Ok(DedupBenchReport {
         page_size_bytes: PS,
         working_set_pages: opts.working_set_pages,
@@ -115,6 +140,11 @@ pub fn run(opts: &DedupBenchOptions) -> Result<DedupBenchReport, DedupBenchError
         dedup_unique_cost_vs_plain: plain / dedup_unique,
         dedup_duplicate_cost_vs_plain: plain / dedup_dup,
         dedup_duplicate_frames: frames,
+        lz4_compressible_put_pages_per_s: lz4_c,
+        lz4_incompressible_put_pages_per_s: lz4_i,
+        lz4_compressible_cost_vs_plain: plain / lz4_c,
+        lz4_incompressible_cost_vs_plain: plain / lz4_i,
+        lz4_compressible_frames: lz4_frames,
     })
 }
 
@@ -126,6 +156,7 @@ mod tests {
     fn small_run_is_consistent() {
         let r = run(&DedupBenchOptions { working_set_pages: 256, duration_secs: 0.02, seed: 1 }).unwrap();
         assert_eq!(r.dedup_duplicate_frames, 16);
+        assert_eq!(r.lz4_compressible_frames, 128, "two compressed pages per frame");
         assert!(r.plain_put_pages_per_s > 0.0 && r.dedup_unique_put_pages_per_s > 0.0);
     }
 }

@@ -32,10 +32,10 @@
 //!   freed). At quiescence it equals the sum of the pools' `used`.
 //! * Per pool and store the statistics identity holds whenever the pool lock is free.
 
-use crate::config::{EngineConfig, HybridConfig, Maintenance};
+use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
 use crate::policy::{compute_entitlements, select_victim, EntityUsage, VmShape};
-use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, MAX_WEIGHT};
+use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, MAX_WEIGHT};
 use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
 use crate::store::dedup::{hash_page, ContentIndex, Lookup};
 use crate::store::mem::MemStore;
@@ -131,6 +131,8 @@ struct Shared {
     maintenance_interval: Duration,
     settings: RwLock<Settings>,
     mem: MemStore,
+    /// LZ4-compress memory pages into half frames (`mem.compression`).
+    compress: bool,
     /// Content index when the memory store de-duplicates (`mem.dedup`).
     dedup: Option<ContentIndex>,
     ssd: Option<SsdStore>,
@@ -205,6 +207,7 @@ impl Cache {
                 hybrid: cfg.hybrid.clone(),
             }),
             dedup: cfg.mem.dedup.then(|| ContentIndex::new(mem_max as u32)),
+            compress: cfg.mem.compression == Compression::Lz4,
             mem,
             ssd,
             stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
@@ -657,15 +660,21 @@ impl Cache {
         }
         for s in StoreKind::ALL {
             let reserved = self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed);
-            if let (StoreKind::Mem, Some(idx)) = (s, &self.shared.dedup) {
-                // Reservations count frames; pools count references to them.
-                if reserved != idx.frames() || idx.references() != per_store[0] {
-                    return Err(format!(
-                        "dedup: reserved {reserved}, frames {}, references {}, pages indexed {}",
-                        idx.frames(),
-                        idx.references(),
-                        per_store[0]
-                    ));
+            if s == StoreKind::Mem && (self.shared.dedup.is_some() || self.shared.compress) {
+                // Reservations count whole frames; pools count pages, which may share a frame (equal
+                // content) or half of one (compressed).
+                let frames = self.shared.mem.frames_in_use();
+                if reserved != frames {
+                    return Err(format!("mem: reserved {reserved} != frames in use {frames}"));
+                }
+                if let Some(idx) = &self.shared.dedup {
+                    if idx.references() != per_store[0] {
+                        return Err(format!(
+                            "dedup: {} references != {} pages indexed",
+                            idx.references(),
+                            per_store[0]
+                        ));
+                    }
                 }
                 continue;
             }
@@ -826,7 +835,9 @@ impl Shared {
                             continue; // still shared: no frame freed, no reservation released
                         }
                     }
-                    self.mem.free(f)
+                    if !self.mem.free(f) {
+                        continue; // a half whose buddy still holds the frame
+                    }
                 }
                 Loc::Ssd(s) => {
                     if let Some(ssd) = &self.ssd {
@@ -888,61 +899,87 @@ impl Shared {
         let Some(tier) = self.put_tier(p) else {
             return Ok(self.refuse(p, key));
         };
-        // With de-duplication, an equal page already stored is shared instead of copied.
-        let mut saved = 0;
-        let content = match (&self.dedup, tier) {
-            (Some(idx), StoreKind::Mem) => {
+        let stored = match tier {
+            StoreKind::Mem => self.store_in_memory(p, data),
+            StoreKind::Ssd => {
+                let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
+                if !self.reserve(tier, p) {
+                    None
+                } else if let Some(slot) = ssd.alloc() {
+                    ssd.write(slot, data);
+                    Some((Loc::Ssd(slot), Saving::default()))
+                } else {
+                    self.stores[1].release(1);
+                    None
+                }
+            }
+        };
+        match stored {
+            Some((loc, saved)) => self.index_put(p, key, loc, tier, saved),
+            None => Ok(self.refuse(p, key)),
+        }
+    }
+
+    /// Places a page's bytes in the memory store: shared with an equal page (de-duplication), in half a
+    /// frame (compression), or in a frame of its own. Returns the location and the bytes saved, or `None`
+    /// when there is no room.
+    fn store_in_memory(&self, p: &Pool, data: &[u8]) -> Option<(Loc, Saving)> {
+        let ps = self.page_size as u64;
+        // 1. An equal page already stored is shared instead of copied.
+        let content = match &self.dedup {
+            Some(idx) => {
                 let domain = p.dedup_domain.load(Ordering::Relaxed);
                 let hash = hash_page(data);
                 if let Lookup::Shared(f) = idx.lookup(&self.mem, domain, hash, data) {
-                    saved = self.page_size as u64;
-                    return self.index_put(p, key, Loc::Mem(f), StoreKind::Mem, saved);
+                    return Some((Loc::Mem(f), Saving { dedup_hit: true, bytes: ps }));
                 }
                 Some((idx, domain, hash))
             }
-            _ => None,
+            None => None,
         };
-        if !self.reserve(tier, p) {
-            return Ok(self.refuse(p, key));
-        }
-        let loc = match tier {
-            StoreKind::Mem => match self.mem.alloc() {
-                Some(f) => {
-                    self.mem.write(f, data);
-                    match content {
-                        Some((idx, domain, hash)) => {
-                            let used = idx.insert(&self.mem, domain, hash, f, data);
-                            if used != f {
-                                // Equal content arrived meanwhile: share it and give our frame back.
-                                self.mem.free(f);
-                                self.stores[0].release(1);
-                                saved = self.page_size as u64;
-                            }
-                            Loc::Mem(used)
-                        }
-                        None => Loc::Mem(f),
-                    }
-                }
+        // 2. A page that compresses to half a frame or less goes into a half; others are stored raw.
+        let compressed = self
+            .compress
+            .then(|| lz4_flex::block::compress(data))
+            .filter(|c| c.len() <= self.mem.half_capacity());
+        let (mut place, saved) = match &compressed {
+            Some(c) => match self.mem.store_half(c) {
+                Some(h) => (h, ps / 2),
                 None => {
-                    self.stores[0].release(1);
-                    return Ok(self.refuse(p, key));
+                    let f = self.reserve_frame(p)?;
+                    (self.mem.store_half_in(f, c), ps / 2)
                 }
             },
-            StoreKind::Ssd => {
-                let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
-                match ssd.alloc() {
-                    Some(slot) => {
-                        ssd.write(slot, data);
-                        Loc::Ssd(slot)
-                    }
-                    None => {
-                        self.stores[1].release(1);
-                        return Ok(self.refuse(p, key));
-                    }
-                }
+            None => {
+                let f = self.reserve_frame(p)?;
+                self.mem.write(f, data);
+                (f, 0)
             }
         };
-        self.index_put(p, key, loc, tier, saved)
+        // 3. Register the new content; if an equal page arrived meanwhile, share that one instead.
+        if let Some((idx, domain, hash)) = content {
+            let used = idx.insert(&self.mem, domain, hash, place, data);
+            if used != place {
+                if self.mem.free(place) {
+                    self.stores[0].release(1);
+                }
+                place = used;
+                return Some((Loc::Mem(place), Saving { dedup_hit: true, bytes: ps }));
+            }
+        }
+        Some((Loc::Mem(place), Saving { dedup_hit: false, bytes: saved }))
+    }
+
+    /// Reserves and allocates one memory frame for a put into `p` (evicting if the store is full).
+    fn reserve_frame(&self, p: &Pool) -> Option<crate::store::mem::FrameId> {
+        if !self.reserve(StoreKind::Mem, p) {
+            return None;
+        }
+        let f = self.mem.alloc();
+        if f.is_none() {
+            self.stores[0].release(1);
+        }
+        f
     }
 
     /// Publishes a stored page in its pool (the last step of a put), then frees the page it replaced.
@@ -952,7 +989,7 @@ impl Shared {
         key: Key,
         loc: Loc,
         tier: StoreKind,
-        saved: u64,
+        saved: Saving,
     ) -> Result<PutOutcome, CacheError> {
         let seq = self.next_seq();
         let replaced = {

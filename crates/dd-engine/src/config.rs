@@ -53,11 +53,28 @@ pub struct MemStoreConfig {
     pub max_capacity_bytes: Option<u64>,
     /// Equal pages share one frame (content de-duplication, `store::dedup`). Default off.
     pub dedup: bool,
+    /// Compress pages; one that compresses to half a page or less takes half a frame. Default none.
+    pub compression: Compression,
+}
+
+/// Page compression of the memory store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    /// LZ4 (`lz4_flex`): fast enough for the put path; incompressible pages are stored raw.
+    Lz4,
 }
 
 impl Default for MemStoreConfig {
     fn default() -> Self {
-        MemStoreConfig { capacity_bytes: 256 * MIB, max_capacity_bytes: None, dedup: false }
+        MemStoreConfig {
+            capacity_bytes: 256 * MIB,
+            max_capacity_bytes: None,
+            dedup: false,
+            compression: Compression::None,
+        }
     }
 }
 

@@ -205,17 +205,17 @@ impl PoolInner {
     /// replaced, which the caller frees after unlocking. Counts the put or move and, for a replaced
     /// page, a flush.
     pub fn insert(&mut self, key: Key, loc: Loc, seq: u64, how: Arrival) -> Option<Loc> {
-        self.insert_saving(key, loc, seq, how, 0)
+        self.insert_saving(key, loc, seq, how, Saving::default())
     }
 
-    /// [`Self::insert`] for a put that de-duplication saved `saved_bytes` on (0: not a de-dup hit).
+    /// [`Self::insert`] for a put whose storage de-duplication or compression saved on.
     pub fn insert_saving(
         &mut self,
         key: Key,
         loc: Loc,
         seq: u64,
         how: Arrival,
-        saved_bytes: u64,
+        saving: Saving,
     ) -> Option<Loc> {
         let version = self.next_version;
         self.next_version += 1;
@@ -239,10 +239,8 @@ impl PoolInner {
             Arrival::Put => c.puts += 1,
             Arrival::Moved => c.moved_in += 1,
         }
-        if saved_bytes > 0 {
-            c.dedup_hits += 1;
-            c.bytes_saved += saved_bytes;
-        }
+        c.dedup_hits += saving.dedup_hit as u64;
+        c.bytes_saved += saving.bytes;
         c.used += 1;
         replaced
     }
@@ -395,6 +393,13 @@ impl PoolInner {
 struct Slot {
     id: u32,
     loc: Loc,
+}
+
+/// What storing a page saved: a de-duplication hit stores nothing new; compression stores half a frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Saving {
+    pub dedup_hit: bool,
+    pub bytes: u64,
 }
 
 /// How a page arrives in a pool.

@@ -17,20 +17,34 @@ enum Flavor {
     Hybrid,
     MemDedup,
     HybridDedup,
+    MemCompressed,
+    MemDedupCompressed,
 }
 
 impl Flavor {
-    const ALL: [Flavor; 5] =
-        [Flavor::Mem, Flavor::Ssd, Flavor::Hybrid, Flavor::MemDedup, Flavor::HybridDedup];
+    const ALL: [Flavor; 7] = [
+        Flavor::Mem,
+        Flavor::Ssd,
+        Flavor::Hybrid,
+        Flavor::MemDedup,
+        Flavor::HybridDedup,
+        Flavor::MemCompressed,
+        Flavor::MemDedupCompressed,
+    ];
     fn spec(self) -> Spec {
         match self {
-            Flavor::Mem | Flavor::MemDedup => Spec::Mem { weight: 100 },
+            Flavor::Mem | Flavor::MemDedup | Flavor::MemCompressed | Flavor::MemDedupCompressed => {
+                Spec::Mem { weight: 100 }
+            }
             Flavor::Ssd => Spec::Ssd { weight: 100 },
             Flavor::Hybrid | Flavor::HybridDedup => Spec::Hybrid { mem_weight: 100, ssd_weight: 100 },
         }
     }
     fn dedup(self) -> bool {
-        matches!(self, Flavor::MemDedup | Flavor::HybridDedup)
+        matches!(self, Flavor::MemDedup | Flavor::HybridDedup | Flavor::MemDedupCompressed)
+    }
+    fn compressed(self) -> bool {
+        matches!(self, Flavor::MemCompressed | Flavor::MemDedupCompressed)
     }
 }
 
@@ -43,7 +57,9 @@ struct Fixture {
 impl Fixture {
     fn new(flavor: Flavor, mem_pages: u64, ssd_pages: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let cache = if flavor.dedup() {
+        let cache = if flavor.compressed() {
+            small_compressed_cache(dir.path(), mem_pages, ssd_pages, 4, flavor.dedup())
+        } else if flavor.dedup() {
             small_dedup_cache(dir.path(), mem_pages, ssd_pages, 4)
         } else {
             small_cache(dir.path(), mem_pages, ssd_pages, 4)

@@ -34,7 +34,7 @@ fn cache(dir: &std::path::Path, mem_mib: u64, ssd_mib: u64) -> Cache {
         mem: MemStoreConfig {
             capacity_bytes: mem_mib * MIB,
             max_capacity_bytes: Some(1024 * MIB),
-            dedup: false,
+            ..Default::default()
         },
         ssd: Some(SsdStoreConfig {
             path: dir.join("ssd.bin"),

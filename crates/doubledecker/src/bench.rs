@@ -120,6 +120,16 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     r.dedup_duplicate_cost_vs_plain,
                     r.dedup_duplicate_frames
                 );
+                println!(
+                    "lz4 put, compressible     {:>12.0}  (cost {:.2}x plain, {} frames)",
+                    r.lz4_compressible_put_pages_per_s,
+                    r.lz4_compressible_cost_vs_plain,
+                    r.lz4_compressible_frames
+                );
+                println!(
+                    "lz4 put, incompressible   {:>12.0}  (cost {:.2}x plain)",
+                    r.lz4_incompressible_put_pages_per_s, r.lz4_incompressible_cost_vs_plain
+                );
             }
         }
         BenchCommand::Ssd(a) => {

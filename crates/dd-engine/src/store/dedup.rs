@@ -39,9 +39,9 @@ type Shard = Mutex<HashMap<(u64, u128), (FrameId, u32), foldhash::fast::RandomSt
 
 pub struct ContentIndex {
     shards: Box<[crossbeam_utils::CachePadded<Shard>]>,
-    /// Domain of each frame while it is indexed.
+    /// Domain of each place (frame or half frame, by `FrameId::place_index`) while it is indexed.
     frame_domain: Box<[AtomicU64]>,
-    /// Frames held (indexed or not): the memory store's physical pages.
+    /// Places held (frames or half frames, indexed or not): one per distinct stored page.
     frames: AtomicU64,
 }
 
@@ -64,7 +64,7 @@ impl ContentIndex {
             shards: (0..SHARDS)
                 .map(|_| crossbeam_utils::CachePadded::new(Mutex::new(HashMap::default())))
                 .collect(),
-            frame_domain: (0..max_frames).map(|_| AtomicU64::new(UNINDEXED)).collect(),
+            frame_domain: (0..max_frames as usize * 2).map(|_| AtomicU64::new(UNINDEXED)).collect(),
             frames: AtomicU64::new(0),
         }
     }
@@ -98,13 +98,13 @@ impl ContentIndex {
             }
             Some(_) => {
                 // A genuine 128-bit collision with different bytes: keep this page unindexed.
-                self.frame_domain[frame.0 as usize].store(UNINDEXED, Ordering::Relaxed);
+                self.frame_domain[frame.place_index()].store(UNINDEXED, Ordering::Relaxed);
                 self.frames.fetch_add(1, Ordering::Relaxed);
                 frame
             }
             None => {
                 shard.insert((domain, hash), (frame, 1));
-                self.frame_domain[frame.0 as usize].store(domain, Ordering::Relaxed);
+                self.frame_domain[frame.place_index()].store(domain, Ordering::Relaxed);
                 self.frames.fetch_add(1, Ordering::Relaxed);
                 frame
             }
@@ -114,7 +114,7 @@ impl ContentIndex {
     /// Drops one reference. Returns true when the frame is no longer referenced and must be freed (and
     /// its reservation released) by the caller.
     pub fn release(&self, mem: &MemStore, frame: FrameId) -> bool {
-        let domain = self.frame_domain[frame.0 as usize].load(Ordering::Relaxed);
+        let domain = self.frame_domain[frame.place_index()].load(Ordering::Relaxed);
         if domain == UNINDEXED {
             self.frames.fetch_sub(1, Ordering::Relaxed);
             return true;
@@ -129,14 +129,14 @@ impl ContentIndex {
         *refs -= 1;
         if *refs == 0 {
             shard.remove(&(domain, hash));
-            self.frame_domain[frame.0 as usize].store(UNINDEXED, Ordering::Relaxed);
+            self.frame_domain[frame.place_index()].store(UNINDEXED, Ordering::Relaxed);
             self.frames.fetch_sub(1, Ordering::Relaxed);
             return true;
         }
         false
     }
 
-    /// Physical frames held.
+    /// Places held: distinct stored pages.
     pub fn frames(&self) -> u64 {
         self.frames.load(Ordering::Relaxed)
     }

@@ -14,14 +14,60 @@
 //!
 //! Capacity accounting (how many frames may be in use) is done by the cache's store reservation, not
 //! here; this type only guarantees that `alloc` succeeds while fewer than `limit` frames are in use.
+//!
+//! **Compressed pages** (zbud-style, when the store compresses): a page whose LZ4 form fits in half a
+//! frame is stored in a half; a frame holds up to two such halves. A [`FrameId`] with the top bit set
+//! names a half (`frame << 1 | half`). [`MemStore::read`], [`MemStore::equals`] and [`MemStore::hash`]
+//! decompress halves transparently; [`MemStore::free`] returns whether a whole frame became free (only
+//! then does the cache release a reservation). Frames with one free half wait on the `unbuddied` list;
+//! `half_state` (two bits per frame, changed only under the `zbud` lock) says which halves are in use.
 
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-/// A frame number in the arena.
+/// A frame number in the arena, or (top bit set) one half of a frame holding a compressed page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameId(pub u32);
+
+const HALF_BIT: u32 = 1 << 31;
+
+impl FrameId {
+    fn half(frame: u32, half: u32) -> FrameId {
+        FrameId(HALF_BIT | frame << 1 | half)
+    }
+    /// Whether this names a half frame (a compressed page).
+    pub fn is_half(self) -> bool {
+        self.0 & HALF_BIT != 0
+    }
+    /// A dense number for side tables with two entries per frame: `2 × frame` for a whole frame,
+    /// `2 × frame + half` for a half (a frame is never whole and halved at once).
+    pub fn place_index(self) -> usize {
+        if self.is_half() {
+            (self.0 & !HALF_BIT) as usize
+        } else {
+            self.0 as usize * 2
+        }
+    }
+
+    /// The whole frame this page lives in.
+    pub fn frame(self) -> u32 {
+        if self.is_half() {
+            (self.0 & !HALF_BIT) >> 1
+        } else {
+            self.0
+        }
+    }
+}
+
+/// Bookkeeping of half frames (under one lock: compressed puts are rarer than the copy they save).
+#[derive(Debug, Default)]
+struct Zbud {
+    /// Frames with exactly one half in use (may hold stale entries; checked on pop).
+    unbuddied: Vec<u32>,
+    /// Per frame: bit 0 = first half in use, bit 1 = second half in use. Only for frames in zbud use.
+    state: std::collections::HashMap<u32, u8>,
+}
 
 const STACKS: usize = 8;
 
@@ -37,6 +83,7 @@ pub struct MemStore {
     /// Padded: threads work on different stacks, and two stacks in one cache line would ping-pong it.
     stacks: [CachePadded<Mutex<Vec<u32>>>; STACKS],
     next_stack: AtomicUsize,
+    zbud: Mutex<Zbud>,
 }
 
 // SAFETY: the arena is a plain memory mapping; concurrent access to distinct frames is coordinated by
@@ -87,6 +134,7 @@ impl MemStore {
             limit: AtomicU32::new(limit.min(max_frames)),
             stacks: std::array::from_fn(|_| CachePadded::new(Mutex::new(Vec::new()))),
             next_stack: AtomicUsize::new(0),
+            zbud: Mutex::new(Zbud::default()),
         })
     }
 
@@ -145,13 +193,121 @@ impl MemStore {
         None
     }
 
-    /// Returns a frame to the allocator. The caller must own it and must not touch it afterwards.
-    pub fn free(&self, frame: FrameId) {
-        debug_assert!(frame.0 < self.bump.load(Ordering::Relaxed));
-        self.stacks[self.my_stack()].lock().push(frame.0);
+    /// Returns a page's place to the allocator. The caller must own it and must not touch it afterwards.
+    /// Returns true when a whole frame became free (for a half: when its buddy is free too), which is
+    /// when the cache releases a reservation.
+    pub fn free(&self, frame: FrameId) -> bool {
+        if frame.is_half() {
+            let f = frame.frame();
+            let mut z = self.zbud.lock();
+            let st = z.state.get_mut(&f).expect("freeing a half of a frame not in zbud use");
+            *st &= !(1 << (frame.0 & 1));
+            if *st == 0 {
+                z.state.remove(&f);
+                drop(z);
+                self.free_frame(f);
+                return true;
+            }
+            z.unbuddied.push(f);
+            return false;
+        }
+        self.free_frame(frame.0);
+        true
+    }
+
+    fn free_frame(&self, f: u32) {
+        debug_assert!(f < self.bump.load(Ordering::Relaxed));
+        self.stacks[self.my_stack()].lock().push(f);
+    }
+
+    /// Stores a compressed page (`bytes` fits in half a frame with its 2-byte length) in the free half
+    /// of a frame already in zbud use. Returns `None` when no such frame exists: the caller then reserves
+    /// and allocates a frame and calls [`Self::store_half_in`].
+    pub fn store_half(&self, bytes: &[u8]) -> Option<FrameId> {
+        let mut z = self.zbud.lock();
+        while let Some(f) = z.unbuddied.pop() {
+            let Some(st) = z.state.get_mut(&f) else { continue };
+            let half = match *st {
+                0b01 => 1,
+                0b10 => 0,
+                _ => continue, // stale: both halves used again, or freed
+            };
+            *st |= 1 << half;
+            drop(z);
+            let id = FrameId::half(f, half);
+            self.write_half(id, bytes);
+            return Some(id);
+        }
+        None
+    }
+
+    /// Stores a compressed page in the first half of a fresh frame the caller just allocated; the second
+    /// half becomes available to [`Self::store_half`].
+    pub fn store_half_in(&self, frame: FrameId, bytes: &[u8]) -> FrameId {
+        debug_assert!(!frame.is_half());
+        let id = FrameId::half(frame.0, 0);
+        self.write_half(id, bytes);
+        let mut z = self.zbud.lock();
+        z.state.insert(frame.0, 0b01);
+        z.unbuddied.push(frame.0);
+        id
+    }
+
+    /// Bytes a compressed page may take in a half (after its 2-byte length).
+    pub fn half_capacity(&self) -> usize {
+        self.page_size / 2 - 2
+    }
+
+    fn half_ptr(&self, id: FrameId) -> *mut u8 {
+        let base = self.frame_ptr(FrameId(id.frame()));
+        // SAFETY: the offset is 0 or page_size / 2, inside the frame.
+        unsafe { base.add((id.0 & 1) as usize * self.page_size / 2) }
+    }
+
+    fn write_half(&self, id: FrameId, bytes: &[u8]) {
+        assert!(bytes.len() <= self.half_capacity());
+        let dst = self.half_ptr(id);
+        let len = (bytes.len() as u16).to_le_bytes();
+        // SAFETY: dst points to page_size / 2 bytes inside the mapping, owned by the caller (the half was
+        // just marked in use under the zbud lock, or the frame was just allocated); 2 + len fits (asserted).
+        unsafe {
+            std::ptr::copy_nonoverlapping(len.as_ptr(), dst, 2);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.add(2), bytes.len());
+        }
+    }
+
+    /// The compressed bytes of a half, under the same ownership rule as [`Self::read`].
+    fn half_bytes(&self, id: FrameId) -> &[u8] {
+        let src = self.half_ptr(id);
+        // SAFETY: src points to page_size / 2 bytes inside the mapping that the caller may read (it owns
+        // the page or holds the owning pool's lock); the stored length was bounded by half_capacity when
+        // written, and is clamped again here in case of a logic error elsewhere.
+        unsafe {
+            let len = u16::from_le_bytes([*src, *src.add(1)]) as usize;
+            std::slice::from_raw_parts(src.add(2), len.min(self.half_capacity()))
+        }
+    }
+
+    /// Decompresses a half into `out`. A page that does not decompress to exactly a page would be a bug
+    /// in this module; it is reported as all zeros rather than partially filled.
+    fn read_half(&self, id: FrameId, out: &mut [u8]) {
+        match lz4_flex::block::decompress_into(self.half_bytes(id), out) {
+            Ok(n) if n == out.len() => {}
+            _ => {
+                crate::invariant!(false, "compressed page {} does not decompress to a page", id.0);
+                out.fill(0);
+            }
+        }
+    }
+
+    /// Frames in use (handed out and not on a free stack). Takes every free-stack lock: for checks only.
+    pub fn frames_in_use(&self) -> u64 {
+        let free: usize = self.stacks.iter().map(|s| s.lock().len()).sum();
+        self.bump.load(Ordering::Relaxed) as u64 - free as u64
     }
 
     fn frame_ptr(&self, frame: FrameId) -> *mut u8 {
+        debug_assert!(!frame.is_half());
         assert!(frame.0 < self.max_frames, "frame {} out of range", frame.0);
         // SAFETY: frame < max_frames, so the offset is inside the mapping of max_frames * page_size bytes.
         unsafe { self.base.add(frame.0 as usize * self.page_size) }
@@ -170,6 +326,9 @@ impl MemStore {
     /// Copies a frame the caller owns (or reads under the owning pool's lock) into `out`.
     pub fn read(&self, frame: FrameId, out: &mut [u8]) {
         assert_eq!(out.len(), self.page_size);
+        if frame.is_half() {
+            return self.read_half(frame, out);
+        }
         let src = self.frame_ptr(frame);
         // SAFETY: src points to page_size bytes inside the mapping; the caller owns the frame or holds the
         // lock of the pool that owns it, so no writer exists; `out` cannot alias the arena.
@@ -178,6 +337,11 @@ impl MemStore {
 
     /// Whether a frame (immutable while the caller holds a reference) holds exactly `data`.
     pub fn equals(&self, frame: FrameId, data: &[u8]) -> bool {
+        if frame.is_half() {
+            let mut page = vec![0u8; self.page_size];
+            self.read_half(frame, &mut page);
+            return page == data;
+        }
         let src = self.frame_ptr(frame);
         // SAFETY: src points to page_size bytes inside the mapping; the caller holds a reference that keeps
         // the frame allocated and unmodified (de-duplicated frames are immutable while referenced).
@@ -187,6 +351,11 @@ impl MemStore {
 
     /// The content hash of a frame (see `store::dedup`), under the same condition as [`Self::equals`].
     pub fn hash(&self, frame: FrameId) -> u128 {
+        if frame.is_half() {
+            let mut page = vec![0u8; self.page_size];
+            self.read_half(frame, &mut page);
+            return crate::store::dedup::hash_page(&page);
+        }
         let src = self.frame_ptr(frame);
         // SAFETY: as in `equals`.
         let bytes = unsafe { std::slice::from_raw_parts(src, self.page_size) };
@@ -199,7 +368,7 @@ impl MemStore {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.frame_ptr(frame) as *const i8;
+            let p = self.frame_ptr(FrameId(frame.frame())) as *const i8;
             for line in 0..16 {
                 // SAFETY: prefetch instructions do not access memory architecturally and cannot fault; the
                 // address is inside the mapping anyway (frame_ptr checks the frame number).
@@ -236,7 +405,7 @@ mod tests {
         let frames: Vec<_> = (0..4).map(|_| m.alloc().unwrap()).collect();
         // Beyond the limit only frames from the reservation above it remain (used when capacity shrinks).
         assert_eq!(m.high_water_frames(), 4);
-        m.free(frames[1]);
+        assert!(m.free(frames[1]));
         assert_eq!(m.alloc(), Some(frames[1]));
         m.set_limit(8);
         assert_eq!(m.alloc(), Some(FrameId(4)));
@@ -262,5 +431,29 @@ mod tests {
         assert!(m.alloc().is_some());
         assert!(m.alloc().is_some());
         assert!(m.alloc().is_none());
+    }
+
+    #[test]
+    fn two_compressed_pages_share_a_frame() {
+        let m = MemStore::new(4096, 8, 8).unwrap();
+        let page_a = vec![7u8; 4096];
+        let page_b: Vec<u8> = (0..4096).map(|i| (i / 512) as u8).collect();
+        let ca = lz4_flex::block::compress(&page_a);
+        let cb = lz4_flex::block::compress(&page_b);
+        assert!(m.store_half(&ca).is_none(), "no half-used frame yet");
+        let f = m.alloc().unwrap();
+        let a = m.store_half_in(f, &ca);
+        let b = m.store_half(&cb).expect("the buddy half is free");
+        assert_eq!(a.frame(), b.frame());
+        let mut out = vec![0u8; 4096];
+        m.read(a, &mut out);
+        assert_eq!(out, page_a);
+        m.read(b, &mut out);
+        assert_eq!(out, page_b);
+        assert!(m.equals(b, &page_b) && !m.equals(b, &page_a));
+        assert_eq!(m.frames_in_use(), 1);
+        assert!(!m.free(a), "the buddy still holds the frame");
+        assert!(m.free(b), "now the frame is free");
+        assert_eq!(m.frames_in_use(), 0);
     }
 }

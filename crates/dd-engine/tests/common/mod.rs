@@ -29,7 +29,7 @@ pub fn small_config(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64
         mem: MemStoreConfig {
             capacity_bytes: mem_pages * PS as u64,
             max_capacity_bytes: Some(4 * mem_pages * PS as u64),
-            dedup: false,
+            ..Default::default()
         },
         ssd: (ssd_pages > 0).then(|| SsdStoreConfig {
             path: dir.join("ssd.bin"),
@@ -57,6 +57,20 @@ pub fn small_cache(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64)
 pub fn small_dedup_cache(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64) -> Cache {
     let mut cfg = small_config(dir, mem_pages, ssd_pages, batch_pages);
     cfg.mem.dedup = true;
+    Cache::new(cfg).expect("cache")
+}
+
+/// [`small_cache`] with LZ4 compression, and de-duplication if asked.
+pub fn small_compressed_cache(
+    dir: &Path,
+    mem_pages: u64,
+    ssd_pages: u64,
+    batch_pages: u64,
+    dedup: bool,
+) -> Cache {
+    let mut cfg = small_config(dir, mem_pages, ssd_pages, batch_pages);
+    cfg.mem.dedup = dedup;
+    cfg.mem.compression = dd_engine::config::Compression::Lz4;
     Cache::new(cfg).expect("cache")
 }
 
