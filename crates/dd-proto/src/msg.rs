@@ -300,7 +300,7 @@ impl<'a> Request<'a> {
                 let keys = r.keys(max_batch)?;
                 let pages = r.rest();
                 let n = keys.len();
-                if (n == 0 && !pages.is_empty()) || (n > 0 && pages.len() % n != 0) {
+                if (n == 0 && !pages.is_empty()) || (n > 0 && !pages.len().is_multiple_of(n)) {
                     return Err(r.err("page bytes are not a multiple of the key count"));
                 }
                 Request::PutBatch { pool, keys, pages }

@@ -1,6 +1,7 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 
 mod bench;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,6 +21,13 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+    /// Run the host cache manager: data plane (Unix socket, TCP) and admin API.
+    Serve(serve::ServeArgs),
+    /// The daemon's configuration.
+    Config {
+        #[command(subcommand)]
+        which: serve::ConfigCommand,
+    },
 }
 
 fn main() -> Result<()> {
@@ -32,5 +40,14 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Serve(a) => {
+            // One message, no backtrace: an operator reads this, and it names the bad field.
+            if let Err(e) = serve::serve(a) {
+                eprintln!("doubledecker serve: {e:#}");
+                std::process::exit(2);
+            }
+            Ok(())
+        }
+        Command::Config { which } => serve::config(which),
     }
 }
