@@ -185,11 +185,7 @@ pub async fn run(
                     r = l.accept() => match r {
                         Ok((s, _)) => {
                             let _ = s.set_nodelay(true);
-                            let (state, stop, done) = (state.clone(), stop.clone(), done.clone());
-                            tokio::spawn(async move {
-                                net::serve_connection(state, s, stop).await;
-                                drop(done);
-                            });
+                            net::spawn_connection(&state, s, stop.clone(), done.clone());
                         }
                         Err(e) => {
                             tracing::warn!("tcp accept: {e}");
@@ -208,13 +204,7 @@ pub async fn run(
             loop {
                 tokio::select! {
                     r = l.accept() => match r {
-                        Ok((s, _)) => {
-                            let (state, stop, done) = (state.clone(), stop.clone(), done.clone());
-                            tokio::spawn(async move {
-                                net::serve_connection(state, s, stop).await;
-                                drop(done);
-                            });
-                        }
+                        Ok((s, _)) => net::spawn_connection(&state, s, stop.clone(), done.clone()),
                         Err(e) => {
                             tracing::warn!("unix accept: {e}");
                             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -50,13 +50,33 @@ fn try_slot(state: &Arc<ServerState>) -> Option<Slot> {
     Some(Slot(state.clone()))
 }
 
-/// Serves one accepted stream until it closes, errs or the server shuts down.
-pub async fn serve_connection<S>(state: Arc<ServerState>, stream: S, mut shutdown: watch::Receiver<bool>)
+/// Takes a connection slot for an accepted stream (synchronously, in the accept loop, so the limit is
+/// exact in accept order) and spawns its task. `done` is dropped when the connection ends.
+pub fn spawn_connection<S, D>(state: &Arc<ServerState>, stream: S, shutdown: watch::Receiver<bool>, done: D)
 where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    D: Send + 'static,
+{
+    let slot = try_slot(state);
+    let state = state.clone();
+    tokio::spawn(async move {
+        serve_connection(state, stream, shutdown, slot).await;
+        drop(done);
+    });
+}
+
+/// Serves one accepted stream until it closes, errs or the server shuts down. Without a slot it only
+/// tells the peer `busy`.
+async fn serve_connection<S>(
+    state: Arc<ServerState>,
+    stream: S,
+    mut shutdown: watch::Receiver<bool>,
+    slot: Option<Slot>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
-    let Some(_slot) = try_slot(&state) else {
+    let Some(_slot) = slot else {
         let mut out = Vec::new();
         write_error(&mut out, PROTOCOL_VERSION, Op::Hello as u8, 0, Status::BUSY, "too many connections");
         let _ = wr.write_all(&out).await;
