@@ -1,5 +1,6 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 
+mod admin_cli;
 mod bench;
 mod serve;
 
@@ -23,6 +24,27 @@ enum Command {
     },
     /// Run the host cache manager: data plane (Unix socket, TCP) and admin API.
     Serve(serve::ServeArgs),
+    /// Host scope: register, list, reweigh and remove VMs (admin API).
+    Vm {
+        #[command(flatten)]
+        conn: admin_cli::Conn,
+        #[command(subcommand)]
+        which: admin_cli::VmCommand,
+    },
+    /// VM scope: a VM's pools (containers) and their specs (admin API, the VM's admin token).
+    Pool {
+        #[command(flatten)]
+        conn: admin_cli::Conn,
+        #[command(subcommand)]
+        which: admin_cli::PoolCommand,
+    },
+    /// Statistics of the host (host token) or of one VM (`--vm`, the VM's admin token).
+    Stats {
+        #[command(flatten)]
+        conn: admin_cli::Conn,
+        #[command(flatten)]
+        args: admin_cli::StatsArgs,
+    },
     /// The daemon's configuration.
     Config {
         #[command(subcommand)]
@@ -49,5 +71,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Config { which } => serve::config(which),
+        Command::Vm { conn, which } => admin_cli::vm(&conn, which),
+        Command::Pool { conn, which } => admin_cli::pool(&conn, which),
+        Command::Stats { conn, args } => admin_cli::stats(&conn, args),
     }
 }
