@@ -1,7 +1,9 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 
+mod admin_cli;
 mod bench;
 mod memctl;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -26,6 +28,34 @@ enum Command {
         #[command(subcommand)]
         which: memctl::MemctlCommand,
     },
+    /// Run the host cache manager: data plane (Unix socket, TCP) and admin API.
+    Serve(serve::ServeArgs),
+    /// Host scope: register, list, reweigh and remove VMs (admin API).
+    Vm {
+        #[command(flatten)]
+        conn: admin_cli::Conn,
+        #[command(subcommand)]
+        which: admin_cli::VmCommand,
+    },
+    /// VM scope: a VM's pools (containers) and their specs (admin API, the VM's admin token).
+    Pool {
+        #[command(flatten)]
+        conn: admin_cli::Conn,
+        #[command(subcommand)]
+        which: admin_cli::PoolCommand,
+    },
+    /// Statistics of the host (host token) or of one VM (`--vm`, the VM's admin token).
+    Stats {
+        #[command(flatten)]
+        conn: admin_cli::Conn,
+        #[command(flatten)]
+        args: admin_cli::StatsArgs,
+    },
+    /// The daemon's configuration.
+    Config {
+        #[command(subcommand)]
+        which: serve::ConfigCommand,
+    },
 }
 
 fn main() -> Result<()> {
@@ -39,5 +69,17 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Bench { which } => bench::run(which),
         Command::Memctl { which } => memctl::run(which),
+        Command::Serve(a) => {
+            // One message, no backtrace: an operator reads this, and it names the bad field.
+            if let Err(e) = serve::serve(a) {
+                eprintln!("doubledecker serve: {e:#}");
+                std::process::exit(2);
+            }
+            Ok(())
+        }
+        Command::Config { which } => serve::config(which),
+        Command::Vm { conn, which } => admin_cli::vm(&conn, which),
+        Command::Pool { conn, which } => admin_cli::pool(&conn, which),
+        Command::Stats { conn, args } => admin_cli::stats(&conn, args),
     }
 }

@@ -1,0 +1,434 @@
+//! The admin API: HTTP/JSON over axum, described by `docs/admin-api.yaml` (OpenAPI 3.1; the
+//! conformance test in `crates/doubledecker/tests/` checks real responses against it).
+//!
+//! Two scopes with separate credentials, both `Authorization: Bearer <token>`:
+//! * host scope (`/v1/host`, `/v1/vms...`, `/v1/stats`, `/metrics`): the host administrator's token;
+//! * VM scope (`/v1/vm/...`): one VM's admin token, which selects the VM. There is no VM id in these
+//!   paths, so a VM administrator cannot even name another VM; pools of other VMs are reported as
+//!   `unknown_pool`, like pools that do not exist.
+//!
+//! Every error is JSON `{"code": "<stable name>", "message": "..."}`; codes are the engine's
+//! `CacheError::code_name()` plus `unauthorized`, `not_found`, `method_not_allowed`, `malformed_json`,
+//! `bad_request`, `internal`. Engine calls that may evict or free many pages run on the blocking pool.
+
+use crate::config::{VmConfig, MIN_TOKEN_LEN};
+use crate::state::ServerState;
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use dd_engine::{
+    CacheError, EvictionOrder, Mode, PoolId, PoolKind, PoolOptions, Spec, StoreKind, VmId, VmWeights,
+};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+type St = State<Arc<ServerState>>;
+
+/// Largest JSON body accepted.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// An API error: HTTP status plus the JSON body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(ErrorBody { code: self.code, message: &self.message })).into_response()
+    }
+}
+
+fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError { status, code, message: message.into() }
+}
+
+impl From<CacheError> for ApiError {
+    fn from(e: CacheError) -> Self {
+        let status = match &e {
+            CacheError::UnknownVm(_) | CacheError::UnknownPool(_) => StatusCode::NOT_FOUND,
+            CacheError::VmExists(_) | CacheError::TooManyPools(_) => StatusCode::CONFLICT,
+            CacheError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        err(status, e.code_name(), e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        err(StatusCode::BAD_REQUEST, "malformed_json", r.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        err(StatusCode::BAD_REQUEST, "bad_request", r.body_text())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let v = headers.get(header::AUTHORIZATION)?.as_bytes();
+    v.strip_prefix(b"Bearer ").map(|t| t.trim_ascii())
+}
+
+fn unauthorized() -> ApiError {
+    err(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token for this scope")
+}
+
+fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
+    match bearer(headers) {
+        Some(t) if state.registry.is_host(t) => Ok(()),
+        _ => Err(unauthorized()),
+    }
+}
+
+fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<VmId> {
+    bearer(headers).and_then(|t| state.registry.vm_of_admin_token(t)).ok_or_else(unauthorized)
+}
+
+/// Runs an engine call on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    state: &Arc<ServerState>,
+    f: impl FnOnce(&ServerState) -> Result<T, CacheError> + Send + 'static,
+) -> ApiResult<T> {
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || f(&st))
+        .await
+        .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(ApiError::from)
+}
+
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/host", get(get_host).patch(patch_host))
+        .route("/v1/stats", get(host_stats))
+        .route("/v1/vms", get(list_vms).post(add_vm))
+        .route("/v1/vms/{vm}", get(get_vm).delete(remove_vm))
+        .route("/v1/vms/{vm}/weights", put(set_weights))
+        .route("/v1/vm/pools", get(list_pools).post(create_pool))
+        .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
+        .route("/v1/vm/pools/{pool}/spec", put(set_spec))
+        .route("/v1/vm/stats", get(vm_stats))
+        .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn metrics(State(s): St, headers: HeaderMap) -> ApiResult<Response> {
+    host_auth(&s, &headers)?;
+    let st = s.clone();
+    let text = tokio::task::spawn_blocking(move || st.metrics.render(&st.cache.host_stats()))
+        .await
+        .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        .into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host scope
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoreInfo {
+    pub kind: StoreKind,
+    pub configured: bool,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub page_size_bytes: usize,
+    pub mode: Mode,
+    pub eviction_batch_bytes: u64,
+    pub stores: Vec<StoreInfo>,
+    pub vms: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostPatch {
+    mem_capacity_bytes: Option<u64>,
+    ssd_capacity_bytes: Option<u64>,
+    mode: Option<Mode>,
+    eviction_batch_bytes: Option<u64>,
+}
+
+fn host_info(s: &ServerState) -> HostInfo {
+    let h = s.cache.host_stats();
+    let ps = h.page_size as u64;
+    HostInfo {
+        page_size_bytes: h.page_size,
+        mode: h.mode,
+        eviction_batch_bytes: h.eviction_batch_pages * ps,
+        stores: h
+            .stores
+            .iter()
+            .map(|st| StoreInfo {
+                kind: st.kind,
+                configured: st.configured,
+                capacity_bytes: st.capacity_pages * ps,
+                used_bytes: st.used_pages * ps,
+            })
+            .collect(),
+        vms: h.vms.len(),
+    }
+}
+
+async fn get_host(State(s): St, headers: HeaderMap) -> ApiResult<Json<HostInfo>> {
+    host_auth(&s, &headers)?;
+    Ok(Json(host_info(&s)))
+}
+
+async fn patch_host(
+    State(s): St,
+    headers: HeaderMap,
+    body: Result<Json<HostPatch>, JsonRejection>,
+) -> ApiResult<Json<HostInfo>> {
+    host_auth(&s, &headers)?;
+    let Json(p) = body?;
+    let info = blocking(&s, move |s| {
+        if let Some(b) = p.eviction_batch_bytes {
+            s.cache.set_eviction_batch(b)?;
+        }
+        if let Some(m) = p.mode {
+            s.cache.set_mode(m);
+        }
+        if let Some(b) = p.mem_capacity_bytes {
+            s.cache.set_capacity(StoreKind::Mem, b)?;
+        }
+        if let Some(b) = p.ssd_capacity_bytes {
+            s.cache.set_capacity(StoreKind::Ssd, b)?;
+        }
+        Ok(host_info(s))
+    })
+    .await?;
+    Ok(Json(info))
+}
+
+async fn host_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::HostStats>> {
+    host_auth(&s, &headers)?;
+    Ok(Json(blocking(&s, |s| Ok(s.cache.host_stats())).await?))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VmInfo {
+    pub id: u32,
+    pub weights: VmWeights,
+    pub pools: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewVm {
+    id: u32,
+    weights: Option<VmWeights>,
+    data_token: Option<String>,
+    admin_token: Option<String>,
+}
+
+/// The answer to registering a VM: the only time the tokens are shown.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VmCredentials {
+    pub id: u32,
+    pub weights: VmWeights,
+    pub data_token: String,
+    pub admin_token: String,
+}
+
+fn vm_info(s: &ServerState, vm: VmId) -> Result<VmInfo, CacheError> {
+    let weights = s.cache.vms().into_iter().find(|(id, _)| *id == vm).ok_or(CacheError::UnknownVm(vm))?.1;
+    Ok(VmInfo { id: vm.0, weights, pools: s.cache.pools(vm)?.len() })
+}
+
+async fn list_vms(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<VmInfo>>> {
+    host_auth(&s, &headers)?;
+    let vms = s.cache.vms().into_iter().filter_map(|(id, _)| vm_info(&s, id).ok()).collect();
+    Ok(Json(vms))
+}
+
+async fn add_vm(
+    State(s): St,
+    headers: HeaderMap,
+    body: Result<Json<NewVm>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<VmCredentials>)> {
+    host_auth(&s, &headers)?;
+    let Json(n) = body?;
+    let bad = |field: &str, reason: &str| {
+        ApiError::from(CacheError::InvalidConfig { field: field.into(), reason: reason.into() })
+    };
+    let data_token = n.data_token.unwrap_or_else(crate::auth::generate_token);
+    let admin_token = n.admin_token.unwrap_or_else(crate::auth::generate_token);
+    for (field, t) in [("data_token", &data_token), ("admin_token", &admin_token)] {
+        if t.len() < MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
+            return Err(bad(field, "must be 16 to 256 bytes"));
+        }
+        if t.trim() != t.as_str() || t.contains(char::is_control) {
+            return Err(bad(field, "must not contain whitespace at the ends or control characters"));
+        }
+        if s.registry.token_in_use(t) {
+            return Err(bad(field, "already in use"));
+        }
+    }
+    if data_token == admin_token {
+        return Err(bad("admin_token", "must differ from data_token"));
+    }
+    let cfg =
+        VmConfig { id: n.id, weights: n.weights.unwrap_or(VmWeights::equal(100)), data_token, admin_token };
+    let cfg2 = cfg.clone();
+    blocking(&s, move |s| s.add_vm(&cfg2)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(VmCredentials {
+            id: cfg.id,
+            weights: cfg.weights,
+            data_token: cfg.data_token,
+            admin_token: cfg.admin_token,
+        }),
+    ))
+}
+
+async fn get_vm(
+    State(s): St,
+    headers: HeaderMap,
+    vm: Result<Path<u32>, PathRejection>,
+) -> ApiResult<Json<VmInfo>> {
+    host_auth(&s, &headers)?;
+    let Path(vm) = vm?;
+    Ok(Json(vm_info(&s, VmId(vm))?))
+}
+
+async fn remove_vm(
+    State(s): St,
+    headers: HeaderMap,
+    vm: Result<Path<u32>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    host_auth(&s, &headers)?;
+    let Path(vm) = vm?;
+    blocking(&s, move |s| s.remove_vm(VmId(vm))).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_weights(
+    State(s): St,
+    headers: HeaderMap,
+    vm: Result<Path<u32>, PathRejection>,
+    body: Result<Json<VmWeights>, JsonRejection>,
+) -> ApiResult<Json<VmInfo>> {
+    host_auth(&s, &headers)?;
+    let Path(vm) = vm?;
+    let Json(w) = body?;
+    let info = blocking(&s, move |s| {
+        s.set_vm_weights(VmId(vm), w)?;
+        vm_info(s, VmId(vm))
+    })
+    .await?;
+    Ok(Json(info))
+}
+
+// ---------------------------------------------------------------------------------------------
+// VM scope
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPool {
+    kind: Option<PoolKind>,
+    spec: Spec,
+    order: Option<EvictionOrder>,
+    exclusive_gets: Option<bool>,
+}
+
+async fn list_pools(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<dd_engine::PoolStats>>> {
+    let vm = vm_auth(&s, &headers)?;
+    Ok(Json(blocking(&s, move |s| Ok(s.cache.vm_stats(vm)?.pools)).await?))
+}
+
+async fn create_pool(
+    State(s): St,
+    headers: HeaderMap,
+    body: Result<Json<NewPool>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<dd_engine::PoolStats>)> {
+    let vm = vm_auth(&s, &headers)?;
+    let Json(n) = body?;
+    let mut opts = match n.kind.unwrap_or(PoolKind::Ephemeral) {
+        PoolKind::Ephemeral => PoolOptions::ephemeral(n.spec),
+        PoolKind::Persistent => PoolOptions::persistent(n.spec),
+    };
+    opts.order = n.order.unwrap_or_default();
+    if let Some(x) = n.exclusive_gets {
+        opts.exclusive_gets = x;
+    }
+    let stats = blocking(&s, move |s| {
+        let id = s.cache.new_pool(vm, opts)?;
+        s.cache.pool_stats(vm, id)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(stats)))
+}
+
+async fn get_pool(
+    State(s): St,
+    headers: HeaderMap,
+    pool: Result<Path<u32>, PathRejection>,
+) -> ApiResult<Json<dd_engine::PoolStats>> {
+    let vm = vm_auth(&s, &headers)?;
+    let Path(pool) = pool?;
+    Ok(Json(s.cache.pool_stats(vm, PoolId(pool))?))
+}
+
+async fn destroy_pool(
+    State(s): St,
+    headers: HeaderMap,
+    pool: Result<Path<u32>, PathRejection>,
+) -> ApiResult<StatusCode> {
+    let vm = vm_auth(&s, &headers)?;
+    let Path(pool) = pool?;
+    blocking(&s, move |s| s.cache.destroy_pool(vm, PoolId(pool))).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_spec(
+    State(s): St,
+    headers: HeaderMap,
+    pool: Result<Path<u32>, PathRejection>,
+    body: Result<Json<Spec>, JsonRejection>,
+) -> ApiResult<Json<dd_engine::PoolStats>> {
+    let vm = vm_auth(&s, &headers)?;
+    let Path(pool) = pool?;
+    let Json(spec) = body?;
+    let stats = blocking(&s, move |s| {
+        s.cache.set_spec(vm, PoolId(pool), spec)?;
+        s.cache.pool_stats(vm, PoolId(pool))
+    })
+    .await?;
+    Ok(Json(stats))
+}
+
+async fn vm_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::VmStats>> {
+    let vm = vm_auth(&s, &headers)?;
+    Ok(Json(blocking(&s, move |s| s.cache.vm_stats(vm)).await?))
+}

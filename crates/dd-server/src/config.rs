@@ -1,0 +1,309 @@
+//! The daemon's configuration: plain serde data, an embedded default (`default.toml`, printed by
+//! `doubledecker config default`), a file merged over it key by key, and one [`ServerConfig::validate`]
+//! that names the first bad field.
+//!
+//! Invariants: [`ServerConfig::default()`] equals the parsed embedded default (a unit test checks it);
+//! a configuration that passed `validate` starts the engine and the listeners or fails with an I/O
+//! error naming the address or path, never with a panic. Units are in the field names.
+
+use crate::ServerError;
+use dd_engine::{EngineConfig, VmWeights};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The embedded default configuration.
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+/// Shortest token accepted in the configuration or the admin API.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Folder of the SSD file, the socket and the token file. Default `dd-data`.
+    pub data_dir: PathBuf,
+    /// Open the SSD store of `engine.ssd`. Default true.
+    pub ssd_enabled: bool,
+    pub listen: ListenConfig,
+    pub limits: LimitsConfig,
+    pub auth: AuthConfig,
+    pub engine: EngineConfig,
+    /// VMs registered at start. Default none.
+    #[serde(default)]
+    pub vms: Vec<VmConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Unix socket path, relative to `data_dir`; empty disables. Default `dd.sock`.
+    pub unix_socket: PathBuf,
+    /// TCP address of the data plane; empty disables. Default `127.0.0.1:7411`.
+    pub tcp: String,
+    /// Admin API address. Default `127.0.0.1:7412`.
+    pub admin: String,
+    /// Where to write the bound addresses as JSON once listening; empty: nowhere. Default empty.
+    pub ready_file: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Default 1024.
+    pub max_connections: usize,
+    /// Default 2 MiB.
+    pub max_payload_bytes: u32,
+    /// Default 256 KiB.
+    pub write_buffer_bytes: usize,
+    /// Default 5000.
+    pub drain_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Host scope bearer token; empty means "use token_file". Default empty.
+    pub host_admin_token: String,
+    /// Relative to `data_dir`. Default `admin.token`.
+    pub token_file: PathBuf,
+}
+
+/// A VM registered from the configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    pub id: u32,
+    #[serde(default = "default_weights")]
+    pub weights: VmWeights,
+    /// Token of the data plane's HELLO.
+    pub data_token: String,
+    /// Bearer token of the admin API's VM scope; must differ from `data_token`.
+    pub admin_token: String,
+}
+
+fn default_weights() -> VmWeights {
+    VmWeights::equal(100)
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        toml::from_str(DEFAULT_TOML).expect("the embedded default configuration parses")
+    }
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ServerError {
+    ServerError::Config { field: field.into(), reason: reason.into() }
+}
+
+/// Merges `over` into `base`: tables recursively, every other value replaced.
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+impl ServerConfig {
+    /// Parses a configuration text merged over the embedded default. Errors name the field.
+    pub fn from_toml(text: &str) -> Result<ServerConfig, ServerError> {
+        let mut base: toml::Value = toml::from_str(DEFAULT_TOML).expect("embedded default parses");
+        let over: toml::Value = toml::from_str(text).map_err(|e| invalid("(file)", e.message()))?;
+        merge(&mut base, over);
+        let cfg: ServerConfig = base.try_into().map_err(|e: toml::de::Error| {
+            // serde reports unknown or mistyped keys in the message; keep it whole.
+            invalid("(file)", e.message().to_string())
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads and parses a file; `None` gives the validated embedded default.
+    pub fn load(path: Option<&Path>) -> Result<ServerConfig, ServerError> {
+        match path {
+            None => {
+                let c = ServerConfig::default();
+                c.validate()?;
+                Ok(c)
+            }
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| ServerError::Io(format!("reading {}: {e}", p.display())))?;
+                ServerConfig::from_toml(&text)
+            }
+        }
+    }
+
+    /// Resolves a path relative to `data_dir`.
+    pub fn in_data_dir(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.data_dir.join(p)
+        }
+    }
+
+    /// The engine configuration the daemon runs: SSD path resolved, SSD dropped if disabled.
+    pub fn engine_config(&self) -> EngineConfig {
+        let mut e = self.engine.clone();
+        match (&mut e.ssd, self.ssd_enabled) {
+            (Some(s), true) => s.path = self.in_data_dir(&s.path),
+            (s, _) => *s = None,
+        }
+        e
+    }
+
+    pub fn unix_socket_path(&self) -> Option<PathBuf> {
+        (!self.listen.unix_socket.as_os_str().is_empty()).then(|| self.in_data_dir(&self.listen.unix_socket))
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "must not be empty"));
+        }
+        self.engine_config().validate().map_err(|e| match e {
+            dd_engine::CacheError::InvalidConfig { field, reason } => {
+                invalid(format!("engine.{field}"), reason)
+            }
+            other => invalid("engine", other.to_string()),
+        })?;
+        if !self.listen.tcp.is_empty() {
+            let a: SocketAddr = self
+                .listen
+                .tcp
+                .parse()
+                .map_err(|_| invalid("listen.tcp", "not an address like 127.0.0.1:7411"))?;
+            let _ = a;
+        }
+        if self.listen.tcp.is_empty() && self.listen.unix_socket.as_os_str().is_empty() {
+            return Err(invalid("listen", "at least one of listen.tcp and listen.unix_socket is needed"));
+        }
+        if let Some(p) = self.unix_socket_path() {
+            // sockaddr_un holds 108 bytes including the terminating NUL.
+            if p.as_os_str().len() > 107 {
+                return Err(invalid("listen.unix_socket", "path longer than 107 bytes"));
+            }
+        }
+        self.listen
+            .admin
+            .parse::<SocketAddr>()
+            .map_err(|_| invalid("listen.admin", "not an address like 127.0.0.1:7412"))?;
+        let l = &self.limits;
+        if l.max_connections == 0 {
+            return Err(invalid("limits.max_connections", "must be at least 1"));
+        }
+        if l.max_payload_bytes > dd_proto::ABSOLUTE_MAX_PAYLOAD_BYTES {
+            return Err(invalid("limits.max_payload_bytes", "above the protocol's 64 MiB ceiling"));
+        }
+        let batch = self.engine.max_batch_pages as u64;
+        let need = batch * (self.engine.page_size_bytes as u64 + 16) + 8;
+        if (l.max_payload_bytes as u64) < need {
+            return Err(invalid(
+                "limits.max_payload_bytes",
+                format!("{} cannot hold a full batch ({need} bytes)", l.max_payload_bytes),
+            ));
+        }
+        if batch > u32::MAX as u64 {
+            return Err(invalid("engine.max_batch_pages", "above 2^32"));
+        }
+        if l.write_buffer_bytes < 4096 {
+            return Err(invalid("limits.write_buffer_bytes", "must be at least 4096"));
+        }
+        if !self.auth.host_admin_token.is_empty() && self.auth.host_admin_token.len() < MIN_TOKEN_LEN {
+            return Err(invalid("auth.host_admin_token", "shorter than 16 characters"));
+        }
+        if self.auth.host_admin_token.is_empty() && self.auth.token_file.as_os_str().is_empty() {
+            return Err(invalid("auth.token_file", "needed when auth.host_admin_token is empty"));
+        }
+        let mut ids = std::collections::HashSet::new();
+        let mut tokens = std::collections::HashSet::new();
+        tokens.insert(self.auth.host_admin_token.clone());
+        for (i, vm) in self.vms.iter().enumerate() {
+            if !ids.insert(vm.id) {
+                return Err(invalid(format!("vms[{i}].id"), format!("vm {} is listed twice", vm.id)));
+            }
+            for (name, t) in [("data_token", &vm.data_token), ("admin_token", &vm.admin_token)] {
+                if t.len() < MIN_TOKEN_LEN {
+                    return Err(invalid(format!("vms[{i}].{name}"), "shorter than 16 characters"));
+                }
+                if !tokens.insert(t.clone()) {
+                    return Err(invalid(format!("vms[{i}].{name}"), "the same token is used twice"));
+                }
+            }
+            for (name, w) in [("weights.mem", vm.weights.mem), ("weights.ssd", vm.weights.ssd)] {
+                if w > 1_000_000 {
+                    return Err(invalid(format!("vms[{i}].{name}"), "above 1 000 000"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(e: ServerError) -> String {
+        match e {
+            ServerError::Config { field, .. } => field,
+            other => panic!("not a config error: {other}"),
+        }
+    }
+
+    #[test]
+    fn embedded_default_is_valid_and_complete() {
+        let d = ServerConfig::default();
+        d.validate().unwrap();
+        assert_eq!(ServerConfig::from_toml("").unwrap(), d);
+        assert!(d.engine_config().ssd.unwrap().path.starts_with("dd-data"));
+        assert_eq!(d.unix_socket_path().unwrap(), PathBuf::from("dd-data/dd.sock"));
+    }
+
+    #[test]
+    fn a_file_changes_only_what_it_names() {
+        let c =
+            ServerConfig::from_toml("ssd_enabled = false\n[engine.mem]\ncapacity_bytes = 1048576\n").unwrap();
+        assert_eq!(c.engine.mem.capacity_bytes, 1 << 20);
+        assert_eq!(c.engine.page_size_bytes, 4096, "untouched keys keep the default");
+        assert!(c.engine_config().ssd.is_none());
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases = [
+            ("[listen]\ntcp = \"nope\"", "listen.tcp"),
+            ("[listen]\nadmin = \"\"", "listen.admin"),
+            ("[limits]\nmax_connections = 0", "limits.max_connections"),
+            ("[limits]\nmax_payload_bytes = 1000", "limits.max_payload_bytes"),
+            ("[engine]\npage_size_bytes = 1000", "engine.page_size_bytes"),
+            ("[auth]\nhost_admin_token = \"short\"", "auth.host_admin_token"),
+            (
+                "[[vms]]\nid = 1\ndata_token = \"0123456789abcdef\"\nadmin_token = \"0123456789abcdef\"",
+                "vms[0].admin_token",
+            ),
+            ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
+        ];
+        for (text, field) in cases {
+            assert_eq!(field_of(ServerConfig::from_toml(text).unwrap_err()), field, "{text}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_name() {
+        let e = ServerConfig::from_toml("[limits]\nmax_conections = 3").unwrap_err();
+        assert!(e.to_string().contains("max_conections"), "{e}");
+        let e = ServerConfig::from_toml("[engine.mem]\ncapacity = 3").unwrap_err();
+        assert!(e.to_string().contains("capacity"), "{e}");
+    }
+}

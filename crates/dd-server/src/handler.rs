@@ -1,0 +1,275 @@
+//! The data-plane request handler: one decoded frame in, one response frame out, no I/O.
+//!
+//! It is what a connection task calls for every frame, and what the `request_handler` fuzz target
+//! drives directly. It owns the session rules of `docs/protocol.md`: HELLO first, version negotiation,
+//! authentication, and the confinement of every operation to the authenticated VM (the VM id comes from
+//! the session, never from the request, and the engine reports another VM's pool exactly like a missing
+//! one).
+//!
+//! Invariants: exactly one response frame is appended to `out` per call (the session rules say when the
+//! connection closes after it); nothing here panics on any input; a failed request has no effect.
+
+use crate::state::ServerState;
+use dd_engine::{CacheError, Key, PoolId, VmId};
+use dd_proto::frame::{begin_response, finish_response, write_error, Header, Op};
+use dd_proto::msg::encode_outcome;
+use dd_proto::{Request, Response, Status, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+
+/// Per-connection state.
+#[derive(Debug, Default)]
+pub struct Session {
+    vm: Option<VmId>,
+    version: u8,
+}
+
+impl Session {
+    pub fn new() -> Session {
+        Session::default()
+    }
+    /// The VM this connection authenticated as.
+    pub fn vm(&self) -> Option<VmId> {
+        self.vm
+    }
+}
+
+/// What the connection does after the response is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Close,
+}
+
+/// Handles one well-framed request (header already split off by `dd_proto::frame::split_frame`).
+pub fn handle_frame(
+    state: &ServerState,
+    sess: &mut Session,
+    h: &Header,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Flow {
+    let (status, flow) = handle_inner(state, sess, h, payload, out);
+    state.metrics.record_request(h.op, status);
+    flow
+}
+
+fn reply_error(sess: &Session, h: &Header, out: &mut Vec<u8>, status: Status, msg: &str) -> Status {
+    let v = if sess.version == 0 { PROTOCOL_VERSION } else { sess.version };
+    write_error(out, v, h.op, h.request_id, status, msg);
+    status
+}
+
+fn handle_inner(
+    state: &ServerState,
+    sess: &mut Session,
+    h: &Header,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> (Status, Flow) {
+    let Some(vm) = sess.vm else {
+        return (
+            hello(state, sess, h, payload, out),
+            if sess.vm.is_some() { Flow::Continue } else { Flow::Close },
+        );
+    };
+    if state.is_shutting_down() {
+        return (
+            reply_error(sess, h, out, Status::SHUTTING_DOWN, "the server is shutting down"),
+            Flow::Close,
+        );
+    }
+    if h.flags != 0 {
+        return (
+            reply_error(sess, h, out, Status::MALFORMED, "reserved flag bits set in a request"),
+            Flow::Continue,
+        );
+    }
+    if h.version != sess.version {
+        let msg = format!("frame version {} but the session negotiated {}", h.version, sess.version);
+        return (reply_error(sess, h, out, Status::UNSUPPORTED_VERSION, &msg), Flow::Continue);
+    }
+    let req = match Request::decode(h.op, payload, state.max_batch) {
+        Ok(r) => r,
+        Err(e) => return (reply_error(sess, h, out, e.status(), &e.to_string()), Flow::Continue),
+    };
+    let status = match dispatch(state, vm, sess.version, h, req, out) {
+        Ok(()) => Status::OK,
+        Err(Failure::Engine(e)) => reply_error(sess, h, out, Status::from_engine(&e), &e.to_string()),
+        Err(Failure::Proto(s, m)) => reply_error(sess, h, out, s, &m),
+    };
+    (status, Flow::Continue)
+}
+
+fn hello(state: &ServerState, sess: &mut Session, h: &Header, payload: &[u8], out: &mut Vec<u8>) -> Status {
+    if h.op != Op::Hello as u8 {
+        return reply_error(sess, h, out, Status::NOT_AUTHENTICATED, "the first frame must be HELLO");
+    }
+    let (min_v, max_v, vm, token) = match Request::decode(h.op, payload, state.max_batch) {
+        Ok(Request::Hello { min_version, max_version, vm, token }) => (min_version, max_version, vm, token),
+        Ok(_) => unreachable!("op checked above"),
+        Err(e) => return reply_error(sess, h, out, e.status(), &e.to_string()),
+    };
+    let hi = max_v.min(PROTOCOL_VERSION as u16);
+    if hi < min_v.max(MIN_PROTOCOL_VERSION as u16) {
+        let msg = format!(
+            "client speaks versions {min_v}..={max_v}, server {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}"
+        );
+        return reply_error(sess, h, out, Status::UNSUPPORTED_VERSION, &msg);
+    }
+    if state.is_shutting_down() {
+        return reply_error(sess, h, out, Status::SHUTTING_DOWN, "the server is shutting down");
+    }
+    if !state.registry.check_data(VmId(vm), token) {
+        return reply_error(sess, h, out, Status::AUTH_FAILED, "unknown vm or wrong token");
+    }
+    sess.vm = Some(VmId(vm));
+    sess.version = hi as u8;
+    Response::Hello {
+        version: hi,
+        vm,
+        page_size: state.cache.page_size() as u32,
+        max_batch: state.max_batch,
+        max_payload: state.max_payload,
+    }
+    .encode(sess.version, h.op, h.request_id, out);
+    Status::OK
+}
+
+enum Failure {
+    Engine(CacheError),
+    Proto(Status, String),
+}
+
+impl From<CacheError> for Failure {
+    fn from(e: CacheError) -> Self {
+        Failure::Engine(e)
+    }
+}
+
+fn dispatch(
+    state: &ServerState,
+    vm: VmId,
+    v: u8,
+    h: &Header,
+    req: Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Failure> {
+    let cache = &state.cache;
+    let ps = cache.page_size();
+    let (op, id) = (h.op, h.request_id);
+    let simple = |r: Response, out: &mut Vec<u8>| r.encode(v, op, id, out);
+    match req {
+        Request::Hello { .. } => {
+            return Err(Failure::Proto(
+                Status::ALREADY_AUTHENTICATED,
+                "this connection is already authenticated".into(),
+            ))
+        }
+        Request::Ping => simple(Response::Pong, out),
+        Request::CreatePool(opts) => simple(Response::PoolCreated(cache.new_pool(vm, opts)?), out),
+        Request::DestroyPool { pool } => {
+            cache.destroy_pool(vm, pool)?;
+            simple(Response::Done, out)
+        }
+        Request::SetSpec { pool, spec } => {
+            cache.set_spec(vm, pool, spec)?;
+            simple(Response::Done, out)
+        }
+        Request::Put { pool, key, data } => simple(Response::Put(cache.put(vm, pool, key, data)?), out),
+        Request::Get { pool, key } => {
+            // The page is copied from the cache straight into the output buffer.
+            let start = begin_response(out, v, op, id);
+            out.push(1);
+            let at = out.len();
+            out.resize(at + ps, 0);
+            match cache.get(vm, pool, key, &mut out[at..]) {
+                Ok(true) => {}
+                Ok(false) => {
+                    out.truncate(at);
+                    out[at - 1] = 0;
+                }
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(e.into());
+                }
+            }
+            finish_response(out, start, Status::OK);
+        }
+        Request::FlushPage { pool, key } => simple(Response::Flushed(cache.flush_page(vm, pool, key)?), out),
+        Request::FlushObject { pool, object } => {
+            simple(Response::Count(cache.flush_object(vm, pool, object)?), out)
+        }
+        Request::MigrateObject { from, to, object } => {
+            simple(Response::Count(cache.migrate_object(vm, from, to, object)?), out)
+        }
+        Request::PutBatch { pool, keys, pages } => {
+            let n = keys.len();
+            if n > 0 && pages.len() != n * ps {
+                return Err(CacheError::BadPageSize { expected: ps, got: pages.len() / n }.into());
+            }
+            let items: Vec<(Key, &[u8])> = keys.iter().zip(pages.chunks_exact(ps.max(1))).collect();
+            let outcomes = cache.put_batch(vm, pool, &items)?;
+            let start = begin_response(out, v, op, id);
+            out.extend_from_slice(&(n as u32).to_le_bytes());
+            out.extend(outcomes.iter().map(|o| encode_outcome(*o)));
+            finish_response(out, start, Status::OK);
+        }
+        Request::GetBatch { pool, keys } => get_batch(state, vm, v, h, pool, keys, out)?,
+        Request::PoolStats { pool } => {
+            let s = cache.pool_stats(vm, pool)?;
+            simple(Response::Json(serde_json::to_vec(&s).map_err(internal)?), out)
+        }
+        Request::VmStats => {
+            let s = cache.vm_stats(vm)?;
+            simple(Response::Json(serde_json::to_vec(&s).map_err(internal)?), out)
+        }
+        Request::ListPools => simple(Response::Pools(cache.pools(vm)?), out),
+    }
+    Ok(())
+}
+
+fn internal(e: impl std::fmt::Display) -> Failure {
+    Failure::Proto(Status::INTERNAL, e.to_string())
+}
+
+fn get_batch(
+    state: &ServerState,
+    vm: VmId,
+    v: u8,
+    h: &Header,
+    pool: PoolId,
+    keys: dd_proto::KeyList<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), Failure> {
+    let ps = state.cache.page_size();
+    let n = keys.len();
+    let ks: Vec<Key> = keys.iter().collect();
+    // Read every page into the output buffer at its slot, then compact the hits to the front: one
+    // copy out of the cache, one memmove per hit that follows a miss.
+    let start = begin_response(out, v, h.op, h.request_id);
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    let flags_at = out.len();
+    out.resize(flags_at + n, 0);
+    let pages_at = out.len();
+    out.resize(pages_at + n * ps, 0);
+    let hits = match state.cache.get_batch(vm, pool, &ks, &mut out[pages_at..]) {
+        Ok(hits) => hits,
+        Err(e) => {
+            out.truncate(start);
+            return Err(e.into());
+        }
+    };
+    let mut w = pages_at;
+    for (i, hit) in hits.iter().enumerate() {
+        out[flags_at + i] = *hit as u8;
+        if *hit {
+            let r = pages_at + i * ps;
+            if r != w {
+                out.copy_within(r..r + ps, w);
+            }
+            w += ps;
+        }
+    }
+    out.truncate(w);
+    finish_response(out, start, Status::OK);
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! # dd-server: the DoubleDecker host cache manager (SPEC section 6)
+//!
+//! The daemon behind `doubledecker serve`, as a library: one [`dd_engine::Cache`] per host, the
+//! data plane of `docs/protocol.md` on a Unix socket and TCP, the admin API of `docs/admin-api.yaml`
+//! (HTTP/JSON, host and VM scopes) with Prometheus metrics, and graceful shutdown.
+//!
+//! Module map: [`config`] (serde configuration, embedded default, `validate()`), [`auth`] (tokens,
+//! constant-time checks), [`state`] (what every part shares, lock order), [`handler`] (one frame in,
+//! one response out, no I/O: the fuzz target drives it), [`net`] (listeners, connection loop, per
+//! connection bounds, blocking policy), [`admin`] (axum routes), [`metrics`].
+//!
+//! Shutdown order ([`run`]): stop accepting, tell every connection to finish the frames it holds and
+//! close, wait for them (bounded by `limits.drain_timeout_ms`), stop the admin API, quiesce the engine
+//! (drain the SSD write queue), remove the socket file, drop the cache.
+
+pub mod admin;
+pub mod auth;
+pub mod config;
+pub mod handler;
+pub mod metrics;
+pub mod net;
+pub mod state;
+
+pub use config::ServerConfig;
+pub use state::ServerState;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, watch};
+
+/// Errors of starting or running the daemon.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The configuration is invalid; `field` names the first bad field.
+    #[error("invalid configuration: {field}: {reason}")]
+    Config { field: String, reason: String },
+    #[error("cannot listen on {what} {addr}: {source}")]
+    Bind { what: &'static str, addr: String, source: std::io::Error },
+    #[error("{0}")]
+    Io(String),
+    #[error("engine: {0}")]
+    Engine(dd_engine::CacheError),
+}
+
+impl ServerError {
+    /// Stable short name of the error kind.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            ServerError::Config { .. } => "invalid_config",
+            ServerError::Bind { .. } => "bind_failed",
+            ServerError::Io(_) => "io_error",
+            ServerError::Engine(e) => e.code_name(),
+        }
+    }
+}
+
+/// The addresses the daemon listens on (written to `listen.ready_file` as JSON).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Bound {
+    pub tcp: Option<SocketAddr>,
+    pub unix: Option<PathBuf>,
+    pub admin: SocketAddr,
+    pub pid: u32,
+    /// Where the host admin token was read from or written to (absent when it came from the config).
+    pub token_file: Option<PathBuf>,
+}
+
+/// Resolves the host admin token: from the configuration, else from the token file, else a fresh one
+/// written to the token file with mode 0600.
+fn host_token(cfg: &ServerConfig) -> Result<(String, Option<PathBuf>), ServerError> {
+    if !cfg.auth.host_admin_token.is_empty() {
+        return Ok((cfg.auth.host_admin_token.clone(), None));
+    }
+    let path = cfg.in_data_dir(&cfg.auth.token_file);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= config::MIN_TOKEN_LEN => return Ok((t.trim().to_string(), Some(path))),
+        Ok(_) => {
+            return Err(ServerError::Config {
+                field: "auth.token_file".into(),
+                reason: format!("{} holds a token shorter than 16 characters", path.display()),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(ServerError::Io(format!("reading {}: {e}", path.display()))),
+    }
+    let t = auth::generate_token();
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| ServerError::Io(format!("writing {}: {e}", path.display())))?;
+    writeln!(f, "{t}").map_err(|e| ServerError::Io(format!("writing {}: {e}", path.display())))?;
+    Ok((t, Some(path)))
+}
+
+fn write_ready_file(path: &Path, bound: &Bound) -> Result<(), ServerError> {
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_string_pretty(bound).expect("serialisable");
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| ServerError::Io(format!("writing ready file {}: {e}", path.display())))
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Runs the daemon until `shutdown` completes, then shuts down gracefully. `on_ready` is called once
+/// every listener is bound.
+pub async fn run(
+    cfg: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    on_ready: impl FnOnce(&Bound),
+) -> Result<(), ServerError> {
+    cfg.validate()?;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|e| ServerError::Io(format!("creating data_dir {}: {e}", cfg.data_dir.display())))?;
+    let (token, token_file) = host_token(&cfg)?;
+    let state = Arc::new(ServerState::new(&cfg, &token)?);
+
+    let tcp = if cfg.listen.tcp.is_empty() {
+        None
+    } else {
+        Some(TcpListener::bind(&cfg.listen.tcp).await.map_err(|source| ServerError::Bind {
+            what: "listen.tcp",
+            addr: cfg.listen.tcp.clone(),
+            source,
+        })?)
+    };
+    let unix_path = cfg.unix_socket_path();
+    let unix = match &unix_path {
+        None => None,
+        Some(p) => {
+            // A socket file left by a previous run would make bind fail; it serves nobody.
+            let stale = std::fs::symlink_metadata(p)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+            if stale {
+                let _ = std::fs::remove_file(p);
+            }
+            Some(UnixListener::bind(p).map_err(|source| ServerError::Bind {
+                what: "listen.unix_socket",
+                addr: p.display().to_string(),
+                source,
+            })?)
+        }
+    };
+    let admin_listener = TcpListener::bind(&cfg.listen.admin).await.map_err(|source| ServerError::Bind {
+        what: "listen.admin",
+        addr: cfg.listen.admin.clone(),
+        source,
+    })?;
+    let bound = Bound {
+        tcp: tcp.as_ref().and_then(|l| l.local_addr().ok()),
+        unix: unix_path.clone(),
+        admin: admin_listener.local_addr().map_err(|e| ServerError::Io(e.to_string()))?,
+        pid: std::process::id(),
+        token_file,
+    };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Every connection task holds a clone of `done_tx`; when all are dropped, `done_rx` sees the end.
+    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    let mut accept_tasks = Vec::new();
+    if let Some(l) = tcp {
+        let (state, stop, done) = (state.clone(), stop_rx.clone(), done_tx.clone());
+        accept_tasks.push(tokio::spawn(async move {
+            let mut stop2 = stop.clone();
+            loop {
+                tokio::select! {
+                    r = l.accept() => match r {
+                        Ok((s, _)) => {
+                            let _ = s.set_nodelay(true);
+                            net::spawn_connection(&state, s, stop.clone(), done.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!("tcp accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    },
+                    _ = stop2.changed() => return,
+                }
+            }
+        }));
+    }
+    if let Some(l) = unix {
+        let (state, stop, done) = (state.clone(), stop_rx.clone(), done_tx.clone());
+        accept_tasks.push(tokio::spawn(async move {
+            let mut stop2 = stop.clone();
+            loop {
+                tokio::select! {
+                    r = l.accept() => match r {
+                        Ok((s, _)) => net::spawn_connection(&state, s, stop.clone(), done.clone()),
+                        Err(e) => {
+                            tracing::warn!("unix accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    },
+                    _ = stop2.changed() => return,
+                }
+            }
+        }));
+    }
+    drop(done_tx);
+
+    let router = admin::router(state.clone());
+    let mut admin_stop = stop_rx.clone();
+    let admin_task = tokio::spawn(async move {
+        axum::serve(admin_listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = admin_stop.changed().await;
+            })
+            .await
+    });
+
+    if let Some(p) = (!cfg.listen.ready_file.as_os_str().is_empty()).then_some(&cfg.listen.ready_file) {
+        write_ready_file(p, &bound)?;
+    }
+    on_ready(&bound);
+
+    shutdown.await;
+    tracing::info!("shutting down: draining connections");
+    state.begin_shutdown();
+    let _ = stop_tx.send(true);
+    for t in accept_tasks {
+        let _ = t.await;
+    }
+    let drain = Duration::from_millis(cfg.limits.drain_timeout_ms);
+    if tokio::time::timeout(drain, done_rx.recv()).await.is_err() {
+        tracing::warn!("connections still open after {drain:?}; closing anyway");
+    }
+    let _ = tokio::time::timeout(drain, admin_task).await;
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || st.cache.quiesce()).await;
+    if let Some(p) = unix_path {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! Prometheus metrics (`GET /metrics`, host scope).
+//!
+//! The hot path only bumps relaxed atomics in a fixed table (requests by op and status, connections);
+//! everything per VM, pool and store is read from one engine statistics snapshot at scrape time and
+//! rendered with `prometheus-client` into a registry built for that scrape. So a scrape costs the
+//! same as `GET /v1/stats`, and the data path pays no label hashing or locking for metrics.
+
+use dd_engine::HostStats;
+use dd_proto::{frame::Op, Status};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Op slots: 0 for an unknown op byte, then the ops by number.
+const OP_SLOTS: usize = Op::ALL.len() + 1;
+/// Status slots: ok, the engine's 10..=19, the protocol's 100..=111, and "other".
+const STATUS_SLOTS: usize = 1 + 10 + 12 + 1;
+
+fn status_slot(s: Status) -> usize {
+    match s.0 {
+        0 => 0,
+        10..=19 => 1 + (s.0 - 10) as usize,
+        100..=111 => 11 + (s.0 - 100) as usize,
+        _ => STATUS_SLOTS - 1,
+    }
+}
+
+fn slot_status(i: usize) -> Option<Status> {
+    match i {
+        0 => Some(Status::OK),
+        1..=10 => Some(Status(10 + i as u16 - 1)),
+        11..=22 => Some(Status(100 + i as u16 - 11)),
+        _ => None,
+    }
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Vec<AtomicU64>,
+    pub connections_active: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_rejected: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+type Labels = Vec<(String, String)>;
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            requests: (0..OP_SLOTS * STATUS_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            connections_active: AtomicU64::new(0),
+            connections_total: AtomicU64::new(0),
+            connections_rejected: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record_request(&self, op: u8, status: Status) {
+        let o = Op::from_u8(op).map_or(0, |o| o as usize);
+        self.requests[o * STATUS_SLOTS + status_slot(status)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests recorded for `op` with `status` (tests).
+    pub fn requests(&self, op: Op, status: Status) -> u64 {
+        self.requests[op as usize * STATUS_SLOTS + status_slot(status)].load(Ordering::Relaxed)
+    }
+
+    /// Renders every metric in the Prometheus text format.
+    pub fn render(&self, stats: &HostStats) -> String {
+        let mut reg = Registry::default();
+        let requests = Family::<Labels, Counter>::default();
+        for o in 0..OP_SLOTS {
+            let op = if o == 0 { "unknown" } else { Op::ALL[o - 1].name() };
+            for s in 0..STATUS_SLOTS {
+                let v = self.requests[o * STATUS_SLOTS + s].load(Ordering::Relaxed);
+                if v > 0 {
+                    let name = slot_status(s).map_or("other", |s| s.name());
+                    requests
+                        .get_or_create(&vec![("op".into(), op.into()), ("status".into(), name.into())])
+                        .inc_by(v);
+                }
+            }
+        }
+        reg.register("dd_requests", "Data-plane requests by op and status", requests);
+        let gauge = |v: u64| {
+            let g = Gauge::<i64>::default();
+            g.set(v.min(i64::MAX as u64) as i64);
+            g
+        };
+        let counter = |v: u64| {
+            let c = Counter::<u64>::default();
+            c.inc_by(v);
+            c
+        };
+        reg.register(
+            "dd_connections_active",
+            "Open data-plane connections",
+            gauge(self.connections_active.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "dd_connections",
+            "Data-plane connections accepted",
+            counter(self.connections_total.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "dd_connections_rejected",
+            "Connections refused at the connection limit",
+            counter(self.connections_rejected.load(Ordering::Relaxed)),
+        );
+
+        let store_capacity = Family::<Labels, Gauge>::default();
+        let store_used = Family::<Labels, Gauge>::default();
+        for s in &stats.stores {
+            if s.configured {
+                let l = vec![("store".to_string(), s.kind.name().to_string())];
+                store_capacity.get_or_create(&l).set(s.capacity_pages as i64);
+                store_used.get_or_create(&l).set(s.used_pages as i64);
+            }
+        }
+        reg.register("dd_store_capacity_pages", "Store capacity in pages", store_capacity);
+        reg.register("dd_store_used_pages", "Pages held by the store", store_used);
+
+        let pool_used = Family::<Labels, Gauge>::default();
+        let pool_ent = Family::<Labels, Gauge>::default();
+        let pool_puts = Family::<Labels, Counter>::default();
+        let pool_hits = Family::<Labels, Counter>::default();
+        let pool_flushes = Family::<Labels, Counter>::default();
+        let pool_evictions = Family::<Labels, Counter>::default();
+        let pool_misses = Family::<Labels, Counter>::default();
+        let pool_refused = Family::<Labels, Counter>::default();
+        let vm_used = Family::<Labels, Gauge>::default();
+        let vm_ent = Family::<Labels, Gauge>::default();
+        for vm in &stats.vms {
+            for p in &vm.pools {
+                let base =
+                    vec![("vm".to_string(), vm.vm.to_string()), ("pool".to_string(), p.pool.to_string())];
+                pool_misses.get_or_create(&base).inc_by(p.counters.gets_missed);
+                pool_refused.get_or_create(&base).inc_by(p.counters.puts_refused);
+                for s in dd_engine::StoreKind::ALL {
+                    let c = p.counters.store(s);
+                    let mut l = base.clone();
+                    l.push(("store".into(), s.name().into()));
+                    pool_used.get_or_create(&l).set(c.used as i64);
+                    pool_ent.get_or_create(&l).set(c.entitlement as i64);
+                    pool_puts.get_or_create(&l).inc_by(c.puts);
+                    pool_hits.get_or_create(&l).inc_by(c.gets_hit);
+                    pool_flushes.get_or_create(&l).inc_by(c.flushes);
+                    pool_evictions.get_or_create(&l).inc_by(c.evictions);
+                }
+            }
+            for s in dd_engine::StoreKind::ALL {
+                let l =
+                    vec![("vm".to_string(), vm.vm.to_string()), ("store".to_string(), s.name().to_string())];
+                vm_used.get_or_create(&l).set(vm.totals.store(s).used as i64);
+                vm_ent.get_or_create(&l).set(vm.totals.store(s).entitlement as i64);
+            }
+        }
+        reg.register("dd_pool_used_pages", "Pages a pool holds per store", pool_used);
+        reg.register("dd_pool_entitlement_pages", "A pool's entitlement per store", pool_ent);
+        reg.register("dd_pool_puts", "Pages stored by puts", pool_puts);
+        reg.register("dd_pool_gets_hit", "Gets served", pool_hits);
+        reg.register("dd_pool_flushes", "Pages flushed", pool_flushes);
+        reg.register("dd_pool_evictions", "Pages evicted", pool_evictions);
+        reg.register("dd_pool_gets_missed", "Gets that missed", pool_misses);
+        reg.register("dd_pool_puts_refused", "Puts not stored", pool_refused);
+        reg.register("dd_vm_used_pages", "Pages a VM holds per store", vm_used);
+        reg.register("dd_vm_entitlement_pages", "A VM's entitlement per store", vm_ent);
+
+        let mut out = String::new();
+        encode(&mut out, &reg).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_slots_round_trip() {
+        for s in [Status::OK, Status(10), Status(19)].into_iter().chain(Status::PROTOCOL) {
+            assert_eq!(slot_status(status_slot(s)), Some(s));
+        }
+        assert_eq!(slot_status(status_slot(Status(5000))), None);
+    }
+}

@@ -1,0 +1,141 @@
+//! Test harness: starts the real `doubledecker serve` binary on a temporary data folder with
+//! ephemeral ports, reads its ready file, and stops it with SIGTERM.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const HOST_TOKEN: &str = "host-admin-token-for-tests-0001";
+
+pub struct TestVm {
+    pub id: u32,
+    pub data_token: String,
+    pub admin_token: String,
+}
+
+pub fn vm(id: u32) -> TestVm {
+    TestVm {
+        id,
+        data_token: format!("data-token-of-vm-{id:04}"),
+        admin_token: format!("admin-token-of-vm-{id:04}"),
+    }
+}
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub tcp: std::net::SocketAddr,
+    pub unix: PathBuf,
+    pub admin: String,
+}
+
+impl Daemon {
+    /// Starts a daemon with `vms` registered and `extra` TOML appended to the test configuration.
+    pub fn start(vms: &[&TestVm], extra: &str) -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ready = dir.path().join("ready.json");
+        let mut cfg = format!(
+            "data_dir = {:?}\n[listen]\nunix_socket = \"dd.sock\"\ntcp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             ready_file = {:?}\n[auth]\nhost_admin_token = {HOST_TOKEN:?}\n[engine.mem]\ncapacity_bytes = 16777216\n\
+             [engine.ssd]\ncapacity_bytes = 16777216\n",
+            dir.path().display().to_string(),
+            ready.display().to_string()
+        );
+        cfg.push_str(extra);
+        for v in vms {
+            cfg.push_str(&format!(
+                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
+                v.id, v.data_token, v.admin_token
+            ));
+        }
+        let cfg_path = dir.path().join("dd.toml");
+        std::fs::write(&cfg_path, cfg).expect("write config");
+        let child = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+            .args(["serve", "--config"])
+            .arg(&cfg_path)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start doubledecker serve");
+        // Wait for the ready file (written atomically once every listener is bound). This is a bound on
+        // how long to wait for start-up, not a timing assertion.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let bound: serde_json::Value = loop {
+            if let Ok(t) = std::fs::read_to_string(&ready) {
+                break serde_json::from_str(&t).expect("ready file is JSON");
+            }
+            assert!(Instant::now() < deadline, "daemon did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Daemon {
+            child: Some(child),
+            tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
+            unix: PathBuf::from(bound["unix"].as_str().unwrap()),
+            admin: format!("http://{}", bound["admin"].as_str().unwrap()),
+            dir,
+        }
+    }
+
+    pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
+        dd_client::Client::connect_tcp(self.tcp, v.id, &v.data_token).expect("tcp connect")
+    }
+
+    pub fn unix_client(&self, v: &TestVm) -> dd_client::Client {
+        dd_client::Client::connect_unix(&self.unix, v.id, &v.data_token).expect("unix connect")
+    }
+
+    /// SIGTERM, then waits; returns whether the daemon exited successfully.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else { return true };
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        c.wait().expect("wait for daemon").success()
+    }
+
+    /// An admin API call; returns (status, JSON body or Null).
+    pub fn http(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, serde_json::Value) {
+        let url = format!("{}{}", self.admin, path);
+        let mut req = ureq::request(method, &url);
+        if let Some(t) = token {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        let r = match body {
+            Some(b) => req.set("Content-Type", "application/json").send_string(b),
+            None => req.call(),
+        };
+        let resp = match r {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = resp.status();
+        let text = resp.into_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A deterministic page: its content depends on (seed, object, index).
+pub fn page(seed: u64, object: u64, index: u64) -> Vec<u8> {
+    use rand::{RngCore, SeedableRng};
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(
+        seed ^ object.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index << 7,
+    );
+    let mut p = vec![0u8; 4096];
+    r.fill_bytes(&mut p);
+    p
+}
