@@ -1,6 +1,7 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 
 mod bench;
+mod lab;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,6 +21,11 @@ enum Command {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+    /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (SPEC section 10).
+    Lab {
+        #[command(subcommand)]
+        which: lab::LabCommand,
+    },
 }
 
 fn main() -> Result<()> {
@@ -32,5 +38,6 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Lab { which } => lab::run(which),
     }
 }
