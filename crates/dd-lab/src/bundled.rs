@@ -6,8 +6,14 @@ use crate::error::LabError;
 use crate::scenario::Scenario;
 
 /// `(name, TOML text)` of every bundled scenario, in the order `lab list` shows them.
-pub const SCENARIOS: &[(&str, &str)] =
-    &[("fig3-4-global-share", include_str!("../scenarios/fig3-4-global-share.toml"))];
+pub const SCENARIOS: &[(&str, &str)] = &[
+    ("fig3-4-global-share", include_str!("../scenarios/fig3-4-global-share.toml")),
+    ("fig5-table1-split", include_str!("../scenarios/fig5-table1-split.toml")),
+    ("fig9-10-table2-modes", include_str!("../scenarios/fig9-10-table2-modes.toml")),
+    ("fig11-12-table3-policies", include_str!("../scenarios/fig11-12-table3-policies.toml")),
+    ("fig13-dynamic-containers", include_str!("../scenarios/fig13-dynamic-containers.toml")),
+    ("fig14-dynamic-vms", include_str!("../scenarios/fig14-dynamic-vms.toml")),
+];
 
 /// Bundled traces by path (`bundled:NAME`).
 pub const TRACES: &[(&str, &str)] = &[];

@@ -10,8 +10,9 @@
 //! * a new page goes to the head of its type's inactive list;
 //! * `mark_page_accessed`: an inactive page accessed once gets the referenced flag, accessed again it
 //!   moves to the head of the active list; an active page just gets the flag;
-//! * reclaim of a memcg takes pages from the inactive tail; when the inactive list is shorter than the
-//!   active one it is first refilled from the active tail (flags cleared);
+//! * reclaim of a memcg takes pages from the inactive tail; when the inactive list is "low" it is first
+//!   refilled from the active tail (flags cleared). Low is Linux's `inactive_list_is_low`:
+//!   `inactive * ratio < active` with `ratio = int_sqrt(10 * size in GiB)` (at least 1) of the lists;
 //! * file pages are reclaimed before anonymous ones unless the file lists are under 1/8 of the anonymous
 //!   lists (a stand-in for swappiness 60, which strongly prefers page cache);
 //! * charging a page over the memcg's hard limit reclaims from that memcg only; charging over the VM's
@@ -330,7 +331,10 @@ impl Guest {
             let (inactive, active) = (base, base + 1);
             if self.mode == LruMode::TwoList {
                 let c = &self.cgs[cg];
-                if c.lists[inactive].len < c.lists[active].len || c.lists[inactive].len == 0 {
+                let (ia, ac) = (c.lists[inactive].len, c.lists[active].len);
+                let gib = (ia + ac) / (256 * 1024);
+                let ratio = ((10 * gib) as f64).sqrt() as u64;
+                if ia * ratio.max(1) < ac || ia == 0 {
                     self.refill(cg, active, (n - freed).max(self.batch));
                 }
             }

@@ -154,15 +154,15 @@ pub fn evaluate(sc: &Scenario, runs: &[RunResult]) -> Vec<CheckResult> {
                     ),
                 ))
             }
-            CheckKind::Spread { entity, metric, variants, max_ratio } => {
+            CheckKind::Spread { entity, metric, variants, max_ratio, from_s, to_s } => {
                 let mut vals = Vec::new();
                 for v in variants {
                     let m = Measure {
                         variant: Some(v.clone()),
                         entity: entity.clone(),
                         metric: *metric,
-                        from_s: None,
-                        to_s: None,
+                        from_s: *from_s,
+                        to_s: *to_s,
                     };
                     vals.push((v.clone(), measure(runs, &m)?));
                 }

@@ -138,26 +138,26 @@ pub enum DiskKind {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timing {
-    /// A 4 KiB page found in the guest page cache (copy to the application). Default 200 ns.
+    /// A 4 KiB page found in the guest page cache (copy to the application). Default 1000 ns.
     pub page_cache_hit_ns: u64,
-    /// A page found in the memory store of the second-chance cache (hypercall + copy). Default 2000 ns.
+    /// A page found in the memory store of the second-chance cache (hypercall + copy). Default 4000 ns.
     pub mem_store_hit_ns: u64,
     /// A page found in the SSD store. Default 90 us.
     pub ssd_store_hit_ns: u64,
     /// A put or a missed get (hypercall). Default 500 ns.
     pub cache_op_ns: u64,
-    /// CPU time of one file-level operation (system call, application work). Default 20 us.
+    /// CPU time of one file-level operation (system call, application work). Default 50 us.
     pub op_cpu_ns: u64,
 }
 
 impl Default for Timing {
     fn default() -> Self {
         Timing {
-            page_cache_hit_ns: 200,
-            mem_store_hit_ns: 2_000,
+            page_cache_hit_ns: 1_000,
+            mem_store_hit_ns: 4_000,
             ssd_store_hit_ns: 90_000,
             cache_op_ns: 500,
-            op_cpu_ns: 20_000,
+            op_cpu_ns: 50_000,
         }
     }
 }
@@ -193,6 +193,10 @@ pub struct Vm {
     pub name: String,
     /// Guest memory available to containers, MiB.
     pub memory_mib: f64,
+    /// Virtual CPUs: the VM's operations share them (each operation's CPU time runs on the earliest
+    /// free one). Default 8.
+    #[serde(default = "d_vcpus")]
+    pub vcpus: u32,
     /// Weight in the memory store. Default 100.
     #[serde(default = "d_w")]
     pub mem_weight: u32,
@@ -204,6 +208,9 @@ pub struct Vm {
 
 fn d_w() -> u32 {
     100
+}
+fn d_vcpus() -> u32 {
+    8
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -310,6 +317,9 @@ pub enum Workload {
         writeiosize_kib: f64,
         #[serde(default = "d_10")]
         repint_s: f64,
+        /// The readers' `bwlimit`, MiB/s (0: unlimited). Default 0.
+        #[serde(default)]
+        read_limit_mib_s: f64,
         #[serde(default)]
         selection: Selection,
     },
@@ -527,7 +537,16 @@ pub enum CheckKind {
         max: Option<f64>,
     },
     /// The largest over the smallest of one measure across variants is at most `max_ratio`.
-    Spread { entity: String, metric: Metric, variants: Vec<String>, max_ratio: f64 },
+    Spread {
+        entity: String,
+        metric: Metric,
+        variants: Vec<String>,
+        max_ratio: f64,
+        #[serde(default)]
+        from_s: Option<f64>,
+        #[serde(default)]
+        to_s: Option<f64>,
+    },
     /// Each entity's mean memory-store use over the window is within `tolerance` (fraction) of its
     /// mean entitlement, or below it without evictions in the window (it does not demand more). With
     /// `exact = false` (default) using more than the entitlement passes too (resource conservation lets a
@@ -629,6 +648,9 @@ impl Scenario {
             let p = format!("vms[{vi}]");
             if vm.name.is_empty() || !vm_names.insert(vm.name.clone()) {
                 return bad(&format!("{p}.name"), "must be non-empty and unique");
+            }
+            if vm.vcpus == 0 || vm.vcpus > 1024 {
+                return bad(&format!("{p}.vcpus"), "must be in 1..=1024");
             }
             if !(vm.memory_mib.is_finite() && vm.memory_mib > 0.0) {
                 return bad(&format!("{p}.memory_mib"), "must be positive");
@@ -823,7 +845,11 @@ impl Scenario {
                     *from_s *= k;
                     *to_s *= k;
                 }
-                CheckKind::Spread { .. } | CheckKind::Coherent => {}
+                CheckKind::Spread { from_s, to_s, .. } => {
+                    *from_s = from_s.map(|x| x * k);
+                    *to_s = to_s.map(|x| x * k);
+                }
+                CheckKind::Coherent => {}
             }
         }
         s
@@ -881,6 +907,7 @@ fn validate_workload(w: &Workload, p: &str) -> Result<(), LabError> {
             readiosize_kib,
             writeiosize_kib,
             repint_s,
+            read_limit_mib_s,
             ..
         } => {
             if *numactivevids == 0 || *numactivevids > 100_000 {
@@ -892,6 +919,9 @@ fn validate_workload(w: &Workload, p: &str) -> Result<(), LabError> {
             pos(*filesize_mib, "filesize_mib")?;
             pos(*readiosize_kib, "readiosize_kib")?;
             pos(*writeiosize_kib, "writeiosize_kib")?;
+            if !(read_limit_mib_s.is_finite() && *read_limit_mib_s >= 0.0) {
+                return Err(LabError::invalid(&format!("{p}.read_limit_mib_s"), "must be non-negative"));
+            }
             if !(repint_s.is_finite() && *repint_s >= 0.0) {
                 return Err(LabError::invalid(&format!("{p}.repint_s"), "must be non-negative"));
             }

@@ -93,7 +93,7 @@ enum Kind {
     Web { append_kib: f64 },
     Proxy { append_kib: f64 },
     Mail { append_kib: f64 },
-    Video { read_pages: u32, write_pages: u32, repint_ns: u64, file_pages: u32 },
+    Video { read_pages: u32, write_pages: u32, repint_ns: u64, file_pages: u32, read_page_ns: u64 },
     Kv { pages: u32, write_fraction: f64 },
     Trace { repeat: bool },
 }
@@ -129,23 +129,30 @@ struct Ct {
     last: Counters,
     last_tot: CtTotals,
     started_at: Option<u64>,
+    /// Earliest start of the readers' next operation under `bwlimit`.
+    bw_next: u64,
 }
 
+/// The host disk. Reads and writes keep separate sequential positions: write-back is done by flusher
+/// threads in large ordered batches in Linux, so a page written right after the previously written one
+/// needs no positioning even when reads came in between.
 struct Disk {
     busy: u64,
-    last: u64,
+    last_read: u64,
+    last_write: u64,
     access: u64,
     xfer: u64,
 }
 
 impl Disk {
     /// One request of `pages` pages at `key`, issued at `t`; returns its completion time.
-    fn io(&mut self, t: u64, k: u64, pages: u64) -> u64 {
+    fn io(&mut self, t: u64, k: u64, pages: u64, write: bool) -> u64 {
         let start = t.max(self.busy);
-        let seek = if k == self.last.wrapping_add(1) { 0 } else { self.access };
+        let last = if write { &mut self.last_write } else { &mut self.last_read };
+        let seek = if k == last.wrapping_add(1) { 0 } else { self.access };
+        *last = k + pages - 1;
         let done = start + seek + pages * self.xfer;
         self.busy = done;
-        self.last = k + pages - 1;
         done
     }
 }
@@ -169,6 +176,10 @@ pub struct Sim<B: SecondChance> {
     timing: Timing,
     backend: B,
     guests: Vec<Guest>,
+    /// Per VM, when each vCPU is next free.
+    vcpus: Vec<Vec<u64>>,
+    /// Time the current operation spent waiting on devices (not on a CPU).
+    io_wait: u64,
     vm_names: Vec<String>,
     cts: Vec<Ct>,
     vm_cts: Vec<Vec<usize>>,
@@ -286,6 +297,8 @@ impl<B: SecondChance> Sim<B> {
             timing: sc.timing,
             backend,
             guests,
+            vcpus: sc.vms.iter().map(|v| vec![0; v.vcpus as usize]).collect(),
+            io_wait: 0,
             vm_names: sc.vms.iter().map(|v| v.name.clone()).collect(),
             cts,
             vm_cts,
@@ -294,7 +307,8 @@ impl<B: SecondChance> Sim<B> {
             cursor,
             disk: Disk {
                 busy: 0,
-                last: u64::MAX - 1,
+                last_read: u64::MAX - 1,
+                last_write: u64::MAX - 1,
                 access: sc.host.disk.access_ns(),
                 xfer: sc.host.disk.page_transfer_ns(),
             },
@@ -374,6 +388,7 @@ impl<B: SecondChance> Sim<B> {
                 readiosize_kib,
                 writeiosize_kib,
                 repint_s,
+                read_limit_mib_s,
                 selection,
                 ..
             } => {
@@ -393,6 +408,11 @@ impl<B: SecondChance> Sim<B> {
                     write_pages: ((writeiosize_kib * 1024.0 / 4096.0).ceil() as u32).max(1),
                     repint_ns: ns(*repint_s),
                     file_pages: fp,
+                    read_page_ns: if *read_limit_mib_s > 0.0 {
+                        (NS / (read_limit_mib_s * 256.0)) as u64
+                    } else {
+                        0
+                    },
                 }
             }
             Workload::Kv { dataset_mib, write_fraction, .. } => {
@@ -437,6 +457,7 @@ impl<B: SecondChance> Sim<B> {
             last: Counters::default(),
             last_tot: CtTotals::default(),
             started_at: None,
+            bw_next: 0,
         })
     }
 
@@ -644,8 +665,15 @@ impl<B: SecondChance> Sim<B> {
     /// Runs one operation of thread `th` of container `c` starting now. Returns its latency, or `None`
     /// when the thread has nothing more to do (a trace that does not repeat).
     fn step(&mut self, c: usize, th: usize) -> Result<Option<u64>, LabError> {
+        // The operation runs on the VM's earliest free vCPU; its CPU time (everything but device waits)
+        // keeps that vCPU busy.
+        let vm = self.cts[c].vm;
+        let (cpu_i, cpu_free) =
+            self.vcpus[vm].iter().copied().enumerate().min_by_key(|&(i, f)| (f, i)).unwrap_or((0, 0));
+        let begin = self.now.max(cpu_free);
+        self.io_wait = 0;
         let start = self.now;
-        let mut t = start;
+        let mut t = begin;
         let cpu = self.timing.op_cpu_ns;
         let mut ops = 0u64;
         let mut bytes = 0u64;
@@ -711,7 +739,14 @@ impl<B: SecondChance> Sim<B> {
                 }
                 next = Role::Loop { step: (step + 1) % 3 };
             }
-            (Kind::Video { read_pages, .. }, Role::Loop { .. }) => {
+            (Kind::Video { read_pages, read_page_ns, .. }, Role::Loop { .. }) => {
+                if read_page_ns > 0 {
+                    // Filebench's bwlimit: the readers together get at most the configured bandwidth.
+                    let b = t.max(self.cts[c].bw_next);
+                    self.io_wait += b - t;
+                    t = b;
+                    self.cts[c].bw_next = b + read_page_ns * read_pages as u64;
+                }
                 let f = self.pick(c, 0);
                 let sz = self.size[f as usize].max(1);
                 let mut off = self.cursor[f as usize] % sz;
@@ -745,6 +780,7 @@ impl<B: SecondChance> Sim<B> {
                 }
                 _ => {
                     t += cpu + repint_ns;
+                    self.io_wait += repint_ns;
                     ops += 1;
                     next = Role::VideoWriter { file: 0, done: 0, total: 0, step: 0 };
                 }
@@ -780,6 +816,9 @@ impl<B: SecondChance> Sim<B> {
             _ => return Err(LabError::invalid("workload", "thread role does not match the workload")),
         }
         self.cts[c].roles[th] = next;
+        if let Some(f) = self.vcpus[vm].get_mut(cpu_i) {
+            *f = begin + (t - begin).saturating_sub(self.io_wait);
+        }
         let lat = t - start;
         let tot = &mut self.cts[c].tot;
         tot.ops += ops;
@@ -839,10 +878,13 @@ impl<B: SecondChance> Sim<B> {
             }
             Some(StoreKind::Ssd) => {
                 *t += self.timing.ssd_store_hit_ns;
+                self.io_wait += self.timing.ssd_store_hit_ns;
                 self.cts[c].tot.ssd_hits += 1;
             }
             None => {
-                *t = self.disk.io(*t, k, 1);
+                let d = self.disk.io(*t, k, 1, false);
+                self.io_wait += d - *t;
+                *t = d;
                 self.cts[c].tot.disk_reads += 1;
             }
         }
@@ -855,7 +897,9 @@ impl<B: SecondChance> Sim<B> {
         self.accesses += 1;
         let (vm, cg) = (self.cts[c].vm, self.cts[c].cg);
         let k = key(obj, idx);
+        // Dirty throttling paces writers at the disk's rate: waiting, not CPU.
         *t += self.timing.page_cache_hit_ns + self.disk.xfer;
+        self.io_wait += self.disk.xfer;
         if self.guests[vm].access(cg, k, true) {
             return Ok(());
         }
@@ -878,7 +922,9 @@ impl<B: SecondChance> Sim<B> {
         for i in 0..self.size[f as usize] {
             let k = key(f, i);
             if self.guests[vm].clean(k) {
-                *t = self.disk.io(*t, k, 1);
+                let d = self.disk.io(*t, k, 1, true);
+                self.io_wait += d - *t;
+                *t = d;
                 self.cts[c].tot.writebacks += 1;
             }
         }
@@ -928,7 +974,9 @@ impl<B: SecondChance> Sim<B> {
                 self.backend.flush_page(vm as u32 + 1, p, obj as u64, idx as u64)?;
             }
             if !hit {
-                *t = self.disk.io(*t, k, 1);
+                let d = self.disk.io(*t, k, 1, false);
+                self.io_wait += d - *t;
+                *t = d;
                 self.cts[c].tot.disk_reads += 1;
             }
         }
@@ -973,12 +1021,12 @@ impl<B: SecondChance> Sim<B> {
                     None => false,
                 };
                 if !stored {
-                    self.disk.io(*t, e.key, 1);
+                    self.disk.io(*t, e.key, 1, true);
                 }
                 continue;
             }
             if e.dirty {
-                self.disk.io(*t, e.key, 1);
+                self.disk.io(*t, e.key, 1, true);
                 self.cts[c].tot.writebacks += 1;
             }
             if let Some(p) = self.cts[c].pool {
