@@ -2,6 +2,7 @@
 
 mod admin_cli;
 mod bench;
+mod lab;
 mod memctl;
 mod serve;
 
@@ -56,6 +57,11 @@ enum Command {
         #[command(subcommand)]
         which: serve::ConfigCommand,
     },
+    /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (SPEC section 10).
+    Lab {
+        #[command(subcommand)]
+        which: lab::LabCommand,
+    },
 }
 
 fn main() -> Result<()> {
@@ -81,5 +87,6 @@ fn main() -> Result<()> {
         Command::Vm { conn, which } => admin_cli::vm(&conn, which),
         Command::Pool { conn, which } => admin_cli::pool(&conn, which),
         Command::Stats { conn, args } => admin_cli::stats(&conn, args),
+        Command::Lab { which } => lab::run(which),
     }
 }

@@ -1,0 +1,250 @@
+//! The second-chance cache as the emulated guests see it: the [`SecondChance`] trait (cleancache and
+//! frontswap operations plus the control calls a scenario's timeline makes) and its in-process
+//! implementation over the real engine, [`EngineBackend`].
+//!
+//! Every stored page carries a stamp `(magic, pool, object, index, version)` in the first 28 bytes of
+//! its 512-byte engine page; every hit is compared with the stamp the guest expects, so each lab run is
+//! also a coherency test of the engine (SPEC section 2: a get never returns data older than the latest
+//! put of its key). A mismatch is a [`LabError::Coherency`] and stops the run.
+//!
+//! Sizes: the engine runs with `page_size_bytes = 512` so the host's memory use stays small; one engine
+//! page stands for one 4 KiB guest page, and capacities are passed and reported in guest pages.
+
+use crate::error::LabError;
+use dd_engine::config::{DirectIo, IoBackend, Maintenance, SsdStoreConfig};
+use dd_engine::{
+    Cache, Counters, EngineConfig, Key, Mode, PoolId, PoolKind, PoolOptions, Spec, StoreKind, VmId, VmWeights,
+};
+use std::path::PathBuf;
+
+/// Engine page size used by the lab (bytes of payload per emulated 4 KiB page).
+pub const ENGINE_PAGE: usize = 512;
+const MAGIC: u32 = 0xdd1a_b5a7;
+
+/// What the guest needs from the hypervisor cache.
+pub trait SecondChance {
+    fn add_vm(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError>;
+    fn set_vm_weights(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError>;
+    fn new_pool(&mut self, vm: u32, kind: PoolKind, spec: Spec) -> Result<u32, LabError>;
+    fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError>;
+    fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError>;
+    fn set_capacity(&mut self, store: StoreKind, pages: u64) -> Result<(), LabError>;
+    fn set_mode(&mut self, mode: Mode) -> Result<(), LabError>;
+    /// Stores a page stamped with `version`. Returns the tier it went to, `None` if refused.
+    fn put(
+        &mut self,
+        vm: u32,
+        pool: u32,
+        object: u64,
+        index: u64,
+        version: u32,
+    ) -> Result<Option<StoreKind>, LabError>;
+    /// Looks a page up; on a hit verifies its stamp against `version` and returns the tier it came from.
+    fn get(
+        &mut self,
+        vm: u32,
+        pool: u32,
+        object: u64,
+        index: u64,
+        version: u32,
+    ) -> Result<Option<StoreKind>, LabError>;
+    fn flush_page(&mut self, vm: u32, pool: u32, object: u64, index: u64) -> Result<(), LabError>;
+    fn flush_object(&mut self, vm: u32, pool: u32, object: u64) -> Result<(), LabError>;
+    /// The pool's counters (pages).
+    fn pool_counters(&mut self, vm: u32, pool: u32) -> Result<Counters, LabError>;
+    /// Hits whose stamp was verified so far.
+    fn verified_hits(&self) -> u64;
+}
+
+/// Host-level settings of the cache, in guest pages.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub mem_pages: u64,
+    /// Largest memory capacity the run will set (the arena is reserved for it).
+    pub mem_max_pages: u64,
+    /// SSD store capacity (largest the run will set); 0: none.
+    pub ssd_pages: u64,
+    pub mode: Mode,
+    pub batch_pages: u64,
+    /// Directory for the SSD store's file.
+    pub scratch_dir: PathBuf,
+}
+
+/// The real engine, in-process, with inline maintenance (deterministic).
+pub struct EngineBackend {
+    cache: Cache,
+    buf: Vec<u8>,
+    verified: u64,
+    spec_cache: std::collections::HashMap<u32, Spec>,
+    ssd_path: Option<PathBuf>,
+}
+
+impl EngineBackend {
+    pub fn new(cfg: &BackendConfig) -> Result<EngineBackend, LabError> {
+        let ps = ENGINE_PAGE as u64;
+        let ssd_path = (cfg.ssd_pages > 0).then(|| {
+            cfg.scratch_dir.join(format!("dd-lab-ssd-{}-{:p}.bin", std::process::id(), &cfg.scratch_dir))
+        });
+        let ecfg = EngineConfig {
+            page_size_bytes: ENGINE_PAGE,
+            mem: dd_engine::config::MemStoreConfig {
+                capacity_bytes: cfg.mem_pages * ps,
+                max_capacity_bytes: Some(cfg.mem_max_pages.max(cfg.mem_pages).max(1) * ps),
+                ..Default::default()
+            },
+            ssd: ssd_path.as_ref().map(|p| SsdStoreConfig {
+                path: p.clone(),
+                capacity_bytes: cfg.ssd_pages * ps,
+                direct_io: DirectIo::Off,
+                io_backend: IoBackend::Sync,
+                write_queue_pages: 4096,
+            }),
+            mode: cfg.mode,
+            eviction_batch_bytes: cfg.batch_pages.max(1) * ps,
+            maintenance: Maintenance::Inline,
+            ..Default::default()
+        };
+        let mut hybrid = ecfg.hybrid.clone();
+        // The defaults are in bytes of 4 KiB pages; keep them in guest pages.
+        hybrid.low_watermark_margin_bytes = hybrid.low_watermark_margin_bytes / 4096 * ps;
+        hybrid.move_batch_bytes = (hybrid.move_batch_bytes / 4096 * ps).max(ps);
+        let ecfg = EngineConfig { hybrid, ..ecfg };
+        let cache = Cache::new(ecfg)?;
+        Ok(EngineBackend {
+            cache,
+            buf: vec![0u8; ENGINE_PAGE],
+            verified: 0,
+            spec_cache: Default::default(),
+            ssd_path,
+        })
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    fn stamp(buf: &mut [u8], pool: u32, object: u64, index: u64, version: u32) {
+        buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        buf[4..8].copy_from_slice(&pool.to_le_bytes());
+        buf[8..16].copy_from_slice(&object.to_le_bytes());
+        buf[16..24].copy_from_slice(&index.to_le_bytes());
+        buf[24..28].copy_from_slice(&version.to_le_bytes());
+    }
+}
+
+impl Drop for EngineBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.ssd_path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl SecondChance for EngineBackend {
+    fn add_vm(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError> {
+        Ok(self.cache.add_vm(VmId(vm), VmWeights { mem: mem_weight, ssd: ssd_weight })?)
+    }
+    fn set_vm_weights(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError> {
+        Ok(self.cache.set_vm_weights(VmId(vm), VmWeights { mem: mem_weight, ssd: ssd_weight })?)
+    }
+    fn new_pool(&mut self, vm: u32, kind: PoolKind, spec: Spec) -> Result<u32, LabError> {
+        let opts = match kind {
+            PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
+            PoolKind::Persistent => PoolOptions::persistent(spec),
+        };
+        let p = self.cache.new_pool(VmId(vm), opts)?.0;
+        self.spec_cache.insert(p, spec);
+        Ok(p)
+    }
+    fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
+        self.spec_cache.remove(&pool);
+        Ok(self.cache.destroy_pool(VmId(vm), PoolId(pool))?)
+    }
+    fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError> {
+        self.spec_cache.insert(pool, spec);
+        Ok(self.cache.set_spec(VmId(vm), PoolId(pool), spec)?)
+    }
+    fn set_capacity(&mut self, store: StoreKind, pages: u64) -> Result<(), LabError> {
+        Ok(self.cache.set_capacity(store, pages * ENGINE_PAGE as u64)?)
+    }
+    fn set_mode(&mut self, mode: Mode) -> Result<(), LabError> {
+        self.cache.set_mode(mode);
+        Ok(())
+    }
+    fn put(
+        &mut self,
+        vm: u32,
+        pool: u32,
+        object: u64,
+        index: u64,
+        version: u32,
+    ) -> Result<Option<StoreKind>, LabError> {
+        Self::stamp(&mut self.buf, pool, object, index, version);
+        let o = self.cache.put(VmId(vm), PoolId(pool), Key::new(object, index), &self.buf)?;
+        Ok(match o {
+            dd_engine::PutOutcome::Stored(s) => Some(s),
+            _ => None,
+        })
+    }
+    fn get(
+        &mut self,
+        vm: u32,
+        pool: u32,
+        object: u64,
+        index: u64,
+        version: u32,
+    ) -> Result<Option<StoreKind>, LabError> {
+        let spec = self.spec_cache.get(&pool).copied().unwrap_or(Spec::None);
+        // The engine's get says hit or miss, not which tier; for a hybrid pool we read the tier from the
+        // counters (slower, only hybrid pools pay it).
+        let before = if spec.is_hybrid() { Some(self.pool_counters(vm, pool)?) } else { None };
+        let hit = self.cache.get(VmId(vm), PoolId(pool), Key::new(object, index), &mut self.buf)?;
+        if !hit {
+            return Ok(None);
+        }
+        let mut want = [0u8; 28];
+        Self::stamp(&mut want, pool, object, index, version);
+        if self.buf[..28] != want {
+            let got =
+                |a: usize, b: usize| u64::from_le_bytes(self.buf[a..a + 8].try_into().unwrap_or([0; 8])) >> b;
+            return Err(LabError::Coherency(format!(
+                "pool {pool} object {object} index {index}: expected version {version}, got object {} index {} \
+                 version {}",
+                got(8, 0),
+                got(16, 0),
+                u32::from_le_bytes(self.buf[24..28].try_into().unwrap_or([0; 4]))
+            )));
+        }
+        self.verified += 1;
+        let tier = match spec {
+            Spec::Mem { .. } => StoreKind::Mem,
+            Spec::Ssd { .. } => StoreKind::Ssd,
+            _ => match before {
+                Some(b) => {
+                    let a = self.pool_counters(vm, pool)?;
+                    if a.ssd.gets_hit > b.ssd.gets_hit {
+                        StoreKind::Ssd
+                    } else {
+                        StoreKind::Mem
+                    }
+                }
+                None => StoreKind::Mem,
+            },
+        };
+        Ok(Some(tier))
+    }
+    fn flush_page(&mut self, vm: u32, pool: u32, object: u64, index: u64) -> Result<(), LabError> {
+        self.cache.flush_page(VmId(vm), PoolId(pool), Key::new(object, index))?;
+        Ok(())
+    }
+    fn flush_object(&mut self, vm: u32, pool: u32, object: u64) -> Result<(), LabError> {
+        self.cache.flush_object(VmId(vm), PoolId(pool), object)?;
+        Ok(())
+    }
+    fn pool_counters(&mut self, vm: u32, pool: u32) -> Result<Counters, LabError> {
+        Ok(self.cache.pool_stats(VmId(vm), PoolId(pool))?.counters)
+    }
+    fn verified_hits(&self) -> u64 {
+        self.verified
+    }
+}

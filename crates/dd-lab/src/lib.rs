@@ -1,0 +1,109 @@
+//! # dd-lab: the DoubleDecker lab
+//!
+//! A fast, deterministic discrete-event emulator of a host running VMs whose containers run workload
+//! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
+//! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
+//!
+//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`guest`] (page cache,
+//! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`backend`] (the
+//! second-chance cache interface and the in-process engine), [`sim`] (event queue, clock, I/O path,
+//! timeline, sampling), [`report`] (checks, `summary.json`, `timeseries.csv`), [`plot`] (PNGs,
+//! `report.html`, index page), [`bundled`] (the scenarios shipped with the binary).
+//!
+//! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
+//! container's position; the event queue breaks time ties by scheduling order; no output depends on the
+//! wall clock or on hash-map iteration order.
+
+pub mod backend;
+pub mod bundled;
+pub mod error;
+pub mod guest;
+pub mod plot;
+pub mod report;
+pub mod scenario;
+pub mod sim;
+pub mod workload;
+
+pub use error::LabError;
+pub use report::{CheckResult, ScenarioResult};
+pub use scenario::Scenario;
+
+use backend::{BackendConfig, EngineBackend};
+use std::path::PathBuf;
+
+/// How to run a scenario.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Overrides the scenario's `scale`.
+    pub scale: Option<f64>,
+    /// Overrides the scenario's `seed`.
+    pub seed: Option<u64>,
+    /// Directory that relative trace paths are resolved against (the scenario file's directory).
+    pub base_dir: Option<PathBuf>,
+    /// Where the SSD store's scratch file goes; default the system temporary directory.
+    pub scratch_dir: Option<PathBuf>,
+}
+
+/// Runs every variant of a scenario with the in-process engine and evaluates its checks.
+/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes.
+pub fn run_scenario(
+    sc: &Scenario,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<ScenarioResult, LabError> {
+    let mut sc = sc.clone();
+    if let Some(s) = opts.scale {
+        sc.scale = s;
+    }
+    if let Some(s) = opts.seed {
+        sc.seed = s;
+    }
+    sc.validate()?;
+    let scale = sc.scale;
+    let scaled = sc.scaled();
+    let base = opts.base_dir.clone();
+    let load = move |p: &str| -> Result<String, LabError> {
+        if let Some(t) = bundled::trace(p) {
+            return Ok(t.to_string());
+        }
+        let path = match &base {
+            Some(b) => b.join(p),
+            None => PathBuf::from(p),
+        };
+        std::fs::read_to_string(&path).map_err(|e| LabError::io(&path, e))
+    };
+    let mut runs = Vec::new();
+    for (vi, v) in scaled.variant_list().iter().enumerate() {
+        let s = sim::apply_variant(&scaled, v);
+        let cfg = backend_config(&s, opts);
+        let backend = EngineBackend::new(&cfg)?;
+        let simulator = sim::Sim::new(&s, v, backend, &load)?;
+        runs.push(simulator.run(&mut |f| progress(vi, f))?);
+    }
+    let checks = report::evaluate(&scaled, &runs);
+    Ok(ScenarioResult { scenario: scaled, scale, runs, checks })
+}
+
+/// The cache's host settings for a (scaled, variant-applied) scenario: the memory arena is reserved
+/// for the largest capacity the timeline sets.
+pub fn backend_config(s: &Scenario, opts: &RunOptions) -> BackendConfig {
+    use scenario::{mib_pages, Event};
+    let mut mem_max = mib_pages(s.host.mem_capacity_mib);
+    let mut ssd = mib_pages(s.host.ssd_capacity_mib);
+    for e in &s.timeline {
+        if let Event::SetCapacity { store, mib, .. } = e {
+            match store {
+                dd_engine::StoreKind::Mem => mem_max = mem_max.max(mib_pages(*mib)),
+                dd_engine::StoreKind::Ssd => ssd = ssd.max(mib_pages(*mib)),
+            }
+        }
+    }
+    BackendConfig {
+        mem_pages: mib_pages(s.host.mem_capacity_mib),
+        mem_max_pages: mem_max,
+        ssd_pages: ssd,
+        mode: s.host.mode,
+        batch_pages: mib_pages(s.host.eviction_batch_mib).max(1),
+        scratch_dir: opts.scratch_dir.clone().unwrap_or_else(std::env::temp_dir),
+    }
+}

@@ -1,0 +1,1039 @@
+//! The discrete-event emulator: one host (second-chance cache, one shared disk), its VMs' guests and
+//! their containers' workload threads, driven by an event queue on an emulated nanosecond clock.
+//!
+//! Owns the event queue (a `BinaryHeap` ordered by `(time, seq)`: equal times run in the order they
+//! were scheduled, so a run is a pure function of the scenario and seed), the page-level I/O path
+//! (guest page cache -> second-chance cache -> disk), eviction handling (write-back of dirty pages, puts
+//! of clean file pages, swap-out of anonymous pages), the timeline and the sampling of statistics.
+//!
+//! Timing model: a thread's operation runs at once at its start time and accumulates its latency
+//! (page cache hits, cache hits by tier, disk requests); the thread's next operation is scheduled at the
+//! end. The disk is one first-come-first-served server (`busy_until`), so threads contend for it; an
+//! operation that needs several disk requests reserves them in order as it runs (a long operation can
+//! thus reserve slots ahead of a later-starting one: a simplification, deterministic and bounded by one
+//! operation). Dirty write-back on eviction occupies the disk without blocking the thread; fsync and
+//! swap-in wait. A written page costs one page's disk transfer time (the steady state of Linux's dirty
+//! throttling).
+
+use crate::backend::SecondChance;
+use crate::error::LabError;
+use crate::guest::{key, key_index, key_object, Evicted, Guest};
+use crate::scenario::{mib_pages, Container, Event, Scenario, Timing, Variant, Workload};
+use crate::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Role, Trace};
+use dd_engine::{Counters, PoolKind, Spec, StoreKind};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+const NS: f64 = 1e9;
+
+/// One sampling interval of one container (counters are deltas over the interval, levels are at its
+/// end). Sizes are 4 KiB pages.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    pub t_s: f64,
+    pub ct: usize,
+    pub running: bool,
+    pub memcg_pages: u64,
+    pub mem_used: u64,
+    pub mem_ent: u64,
+    pub ssd_used: u64,
+    pub ssd_ent: u64,
+    pub puts: u64,
+    pub puts_refused: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub flushes: u64,
+    pub evictions: u64,
+    pub promotions: u64,
+    pub demotions: u64,
+    pub ops: u64,
+    pub bytes: u64,
+    pub lat_ns: u64,
+    pub pc_hits: u64,
+    pub pc_misses: u64,
+    pub disk_reads: u64,
+}
+
+/// Per-container totals of a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CtTotals {
+    pub ops: u64,
+    pub bytes: u64,
+    pub lat_ns: u64,
+    pub disk_reads: u64,
+    pub mem_hits: u64,
+    pub ssd_hits: u64,
+    pub writebacks: u64,
+    pub swap_outs: u64,
+    pub run_s: f64,
+    pub cache: Counters,
+    pub pc_hits: u64,
+    pub pc_misses: u64,
+}
+
+/// The result of one variant's run.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub variant: String,
+    pub duration_s: f64,
+    /// Container names, their VM names, and whether they took part.
+    pub containers: Vec<(String, String, bool)>,
+    pub samples: Vec<Sample>,
+    pub totals: Vec<CtTotals>,
+    pub verified_hits: u64,
+    /// Page accesses emulated (guest page-cache lookups).
+    pub accesses: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Web { append_kib: f64 },
+    Proxy { append_kib: f64 },
+    Mail { append_kib: f64 },
+    Video { read_pages: u32, write_pages: u32, repint_ns: u64, file_pages: u32, read_page_ns: u64 },
+    Kv { pages: u32, write_fraction: f64 },
+    Trace { repeat: bool },
+}
+
+struct Anon {
+    object: u32,
+    ver: Vec<u32>,
+    swapped: Vec<bool>,
+}
+
+struct Ct {
+    name: String,
+    vm: usize,
+    cg: usize,
+    enabled: bool,
+    spec: Spec,
+    swap_spec: Option<Spec>,
+    pool: Option<u32>,
+    swap_pool: Option<u32>,
+    running: bool,
+    epoch: u32,
+    kind: Kind,
+    roles: Vec<Role>,
+    initial_roles: Vec<Role>,
+    fs: Vec<Fileset>,
+    log_obj: u32,
+    first_obj: u32,
+    anon: Option<Anon>,
+    trace: Option<Arc<Trace>>,
+    rng: ChaCha8Rng,
+    tot: CtTotals,
+    retired: Counters,
+    last: Counters,
+    last_tot: CtTotals,
+    started_at: Option<u64>,
+    /// Earliest start of the readers' next operation under `bwlimit`.
+    bw_next: u64,
+}
+
+/// The host disk. Reads and writes keep separate sequential positions: write-back is done by flusher
+/// threads in large ordered batches in Linux, so a page written right after the previously written one
+/// needs no positioning even when reads came in between.
+struct Disk {
+    busy: u64,
+    last_read: u64,
+    last_write: u64,
+    access: u64,
+    xfer: u64,
+}
+
+impl Disk {
+    /// One request of `pages` pages at `key`, issued at `t`; returns its completion time.
+    fn io(&mut self, t: u64, k: u64, pages: u64, write: bool) -> u64 {
+        let start = t.max(self.busy);
+        let last = if write { &mut self.last_write } else { &mut self.last_read };
+        let seek = if k == last.wrapping_add(1) { 0 } else { self.access };
+        *last = k + pages - 1;
+        let done = start + seek + pages * self.xfer;
+        self.busy = done;
+        done
+    }
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
+struct Ev {
+    t: u64,
+    seq: u64,
+    kind: u8,
+    a: u32,
+    b: u32,
+    c: u32,
+}
+
+const EV_CONTROL: u8 = 0;
+const EV_SAMPLE: u8 = 1;
+const EV_THREAD: u8 = 2;
+
+/// The emulator for one variant of a scenario.
+pub struct Sim<B: SecondChance> {
+    timing: Timing,
+    backend: B,
+    guests: Vec<Guest>,
+    /// Per VM, when each vCPU is next free.
+    vcpus: Vec<Vec<u64>>,
+    /// Time the current operation spent waiting on devices (not on a CPU).
+    io_wait: u64,
+    vm_names: Vec<String>,
+    cts: Vec<Ct>,
+    vm_cts: Vec<Vec<usize>>,
+    size: Vec<u32>,
+    gen: Vec<u32>,
+    cursor: Vec<u32>,
+    disk: Disk,
+    heap: BinaryHeap<Reverse<Ev>>,
+    seq: u64,
+    now: u64,
+    end: u64,
+    sample_ns: u64,
+    controls: Vec<Event>,
+    evbuf: Vec<Evicted>,
+    samples: Vec<Sample>,
+    accesses: u64,
+    variant: String,
+}
+
+/// Applies a variant's overrides to a (scaled) scenario.
+pub fn apply_variant(sc: &Scenario, v: &Variant) -> Scenario {
+    let mut s = sc.clone();
+    if let Some(m) = v.mode {
+        s.host.mode = m;
+    }
+    if let Some(c) = v.mem_capacity_mib {
+        s.host.mem_capacity_mib = c;
+    }
+    if let Some(c) = v.ssd_capacity_mib {
+        s.host.ssd_capacity_mib = c;
+    }
+    for vm in &mut s.vms {
+        if let Some(m) = v.vm_memory_mib.get(&vm.name) {
+            vm.memory_mib = *m;
+        }
+        for c in &mut vm.containers {
+            if let Some(o) = v.containers.get(&c.name) {
+                if let Some(spec) = o.cache {
+                    c.cache = spec;
+                }
+                if let Some(l) = o.memory_limit_mib {
+                    c.memory_limit_mib = Some(l);
+                }
+                if let Some(st) = o.start_s {
+                    c.start_s = st;
+                }
+            }
+        }
+    }
+    s
+}
+
+fn ns(s: f64) -> u64 {
+    (s * NS).round() as u64
+}
+
+impl<B: SecondChance> Sim<B> {
+    /// Builds the emulator. `sc` is already scaled and has the variant applied; `disabled` names
+    /// containers the variant leaves out; `load_trace` resolves a trace path to its text.
+    pub fn new(
+        sc: &Scenario,
+        variant: &Variant,
+        mut backend: B,
+        load_trace: &dyn Fn(&str) -> Result<String, LabError>,
+    ) -> Result<Sim<B>, LabError> {
+        let mut guests = Vec::new();
+        let mut vm_cts = Vec::new();
+        let mut cts = Vec::new();
+        let mut next_obj: u64 = 1;
+        let mut size = vec![0u32];
+        let mut gen = vec![0u32];
+        let mut controls: Vec<Event> = Vec::new();
+        for (vi, vm) in sc.vms.iter().enumerate() {
+            backend.add_vm(vi as u32 + 1, vm.mem_weight, vm.ssd_weight)?;
+            let mut g = Guest::new(mib_pages(vm.memory_mib), sc.guest.lru, sc.guest.reclaim_batch_pages);
+            let mut list = Vec::new();
+            for c in &vm.containers {
+                let enabled = !variant.containers.get(&c.name).is_some_and(|o| o.disabled);
+                let hard = c.memory_limit_mib.map_or(g.limit, mib_pages);
+                let soft = c.soft_limit_mib.map_or(u64::MAX, mib_pages);
+                let cg = g.add_memcg(hard, soft);
+                let idx = cts.len();
+                list.push(idx);
+                let ct = Self::build_ct(
+                    c,
+                    vi,
+                    cg,
+                    enabled,
+                    sc.seed,
+                    idx,
+                    &mut next_obj,
+                    &mut size,
+                    &mut gen,
+                    load_trace,
+                )?;
+                if enabled {
+                    controls.push(Event::Start { at_s: c.start_s, container: c.name.clone() });
+                    if let Some(s) = c.stop_s {
+                        controls.push(Event::Stop { at_s: s, container: c.name.clone() });
+                    }
+                }
+                cts.push(ct);
+            }
+            guests.push(g);
+            vm_cts.push(list);
+        }
+        if next_obj > u32::MAX as u64 / 2 {
+            return Err(LabError::invalid("vms", "too many files in the scenario (more than 2^31)"));
+        }
+        controls.extend(sc.timeline.iter().cloned());
+        // Stable: events at the same time keep the file's order (container starts first).
+        controls.sort_by(|a, b| a.at_s().total_cmp(&b.at_s()));
+        let cursor = vec![0u32; size.len()];
+        let mut sim = Sim {
+            timing: sc.timing,
+            backend,
+            guests,
+            vcpus: sc.vms.iter().map(|v| vec![0; v.vcpus as usize]).collect(),
+            io_wait: 0,
+            vm_names: sc.vms.iter().map(|v| v.name.clone()).collect(),
+            cts,
+            vm_cts,
+            size,
+            gen,
+            cursor,
+            disk: Disk {
+                busy: 0,
+                last_read: u64::MAX - 1,
+                last_write: u64::MAX - 1,
+                access: sc.host.disk.access_ns(),
+                xfer: sc.host.disk.page_transfer_ns(),
+            },
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            end: ns(sc.duration_s),
+            sample_ns: ns(sc.sample_interval_s).max(1),
+            controls,
+            evbuf: Vec::new(),
+            samples: Vec::new(),
+            accesses: 0,
+            variant: variant.name.clone(),
+        };
+        for i in 0..sim.controls.len() {
+            let t = ns(sim.controls[i].at_s());
+            sim.push(t, EV_CONTROL, i as u32, 0, 0);
+        }
+        let mut t = sim.sample_ns;
+        while t <= sim.end {
+            sim.push(t, EV_SAMPLE, 0, 0, 0);
+            t += sim.sample_ns;
+        }
+        Ok(sim)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_ct(
+        c: &Container,
+        vm: usize,
+        cg: usize,
+        enabled: bool,
+        seed: u64,
+        idx: usize,
+        next_obj: &mut u64,
+        size: &mut Vec<u32>,
+        gen: &mut Vec<u32>,
+        load_trace: &dyn Fn(&str) -> Result<String, LabError>,
+    ) -> Result<Ct, LabError> {
+        // Each container has its own random stream: adding a container does not perturb the others.
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(idx as u64 + 1)));
+        let trace = match &c.workload {
+            Workload::Trace { path, .. } => Some(Arc::new(Trace::parse(&load_trace(path)?, path)?)),
+            _ => None,
+        };
+        let nobj = objects_needed(&c.workload, trace.as_deref());
+        let first = *next_obj as u32;
+        *next_obj += nobj;
+        let mut fs = Vec::new();
+        let mut log_obj = 0;
+        let mut anon = None;
+        let kind = match &c.workload {
+            Workload::Webserver { nfiles, filesize_kib, appendsize_kib, selection, .. }
+            | Workload::Webproxy { nfiles, filesize_kib, appendsize_kib, selection, .. }
+            | Workload::Varmail { nfiles, filesize_kib, appendsize_kib, selection, .. } => {
+                for _ in 0..*nfiles {
+                    size.push(gamma_pages(&mut rng, *filesize_kib));
+                    gen.push(1);
+                }
+                fs.push(Fileset::new(first, *nfiles as u32, *selection));
+                match &c.workload {
+                    Workload::Webserver { .. } => {
+                        log_obj = first + *nfiles as u32;
+                        size.push(0);
+                        gen.push(1);
+                        Kind::Web { append_kib: *appendsize_kib }
+                    }
+                    Workload::Webproxy { .. } => Kind::Proxy { append_kib: *appendsize_kib },
+                    _ => Kind::Mail { append_kib: *appendsize_kib },
+                }
+            }
+            Workload::Videoserver {
+                numactivevids,
+                numpassivevids,
+                filesize_mib,
+                readiosize_kib,
+                writeiosize_kib,
+                repint_s,
+                read_limit_mib_s,
+                selection,
+                ..
+            } => {
+                let fp = mib_pages(*filesize_mib).clamp(1, u32::MAX as u64 / 2) as u32;
+                for _ in 0..(numactivevids + numpassivevids) {
+                    size.push(fp);
+                    gen.push(1);
+                }
+                fs.push(Fileset::new(first, *numactivevids as u32, *selection));
+                fs.push(Fileset::new(
+                    first + *numactivevids as u32,
+                    *numpassivevids as u32,
+                    crate::scenario::Selection::InOrder,
+                ));
+                Kind::Video {
+                    read_pages: ((readiosize_kib * 1024.0 / 4096.0).ceil() as u32).max(1),
+                    write_pages: ((writeiosize_kib * 1024.0 / 4096.0).ceil() as u32).max(1),
+                    repint_ns: ns(*repint_s),
+                    file_pages: fp,
+                    read_page_ns: if *read_limit_mib_s > 0.0 {
+                        (NS / (read_limit_mib_s * 256.0)) as u64
+                    } else {
+                        0
+                    },
+                }
+            }
+            Workload::Kv { dataset_mib, write_fraction, .. } => {
+                let pages = mib_pages(*dataset_mib).clamp(1, u32::MAX as u64 / 2) as usize;
+                size.push(pages as u32);
+                gen.push(0);
+                anon = Some(Anon { object: first, ver: vec![0; pages], swapped: vec![false; pages] });
+                Kind::Kv { pages: pages as u32, write_fraction: *write_fraction }
+            }
+            Workload::Trace { repeat, .. } => {
+                let t = trace.as_ref().map_or(0, |t| t.objects);
+                for _ in 0..t {
+                    size.push(0);
+                    gen.push(0);
+                }
+                Kind::Trace { repeat: *repeat }
+            }
+        };
+        let roles = thread_roles(&c.workload);
+        Ok(Ct {
+            name: c.name.clone(),
+            vm,
+            cg,
+            enabled,
+            spec: c.cache,
+            swap_spec: c.swap_cache,
+            pool: None,
+            swap_pool: None,
+            running: false,
+            epoch: 0,
+            kind,
+            initial_roles: roles.clone(),
+            roles,
+            fs,
+            log_obj,
+            first_obj: first,
+            anon,
+            trace,
+            rng,
+            tot: CtTotals::default(),
+            retired: Counters::default(),
+            last: Counters::default(),
+            last_tot: CtTotals::default(),
+            started_at: None,
+            bw_next: 0,
+        })
+    }
+
+    fn push(&mut self, t: u64, kind: u8, a: u32, b: u32, c: u32) {
+        self.seq += 1;
+        self.heap.push(Reverse(Ev { t, seq: self.seq, kind, a, b, c }));
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Runs to the end. `progress` gets the fraction of emulated time done after every sample.
+    pub fn run(mut self, progress: &mut dyn FnMut(f64)) -> Result<RunResult, LabError> {
+        while let Some(Reverse(ev)) = self.heap.pop() {
+            if ev.t > self.end {
+                break;
+            }
+            self.now = ev.t;
+            match ev.kind {
+                EV_CONTROL => self.control(ev.a as usize)?,
+                EV_SAMPLE => {
+                    self.sample()?;
+                    progress(self.now as f64 / self.end as f64);
+                }
+                _ => {
+                    let (c, th) = (ev.a as usize, ev.b as usize);
+                    if !self.cts[c].running || self.cts[c].epoch != ev.c {
+                        continue;
+                    }
+                    if let Some(lat) = self.step(c, th)? {
+                        let epoch = self.cts[c].epoch;
+                        self.push(self.now + lat.max(1), EV_THREAD, c as u32, th as u32, epoch);
+                    }
+                }
+            }
+        }
+        // Fold the live pools' counters into the totals.
+        for c in 0..self.cts.len() {
+            let cum = self.cum_counters(c)?;
+            let run_ns = match self.cts[c].started_at {
+                Some(s) => self.end.saturating_sub(s),
+                None => 0,
+            };
+            let ct = &mut self.cts[c];
+            ct.tot.cache = cum;
+            ct.tot.run_s += run_ns as f64 / NS;
+            let m = &self.guests[ct.vm].cgs[ct.cg].counters;
+            ct.tot.pc_hits = m.hits;
+            ct.tot.pc_misses = m.misses;
+        }
+        Ok(RunResult {
+            variant: self.variant.clone(),
+            duration_s: self.end as f64 / NS,
+            containers: self
+                .cts
+                .iter()
+                .map(|c| (c.name.clone(), self.vm_names[c.vm].clone(), c.enabled))
+                .collect(),
+            samples: std::mem::take(&mut self.samples),
+            totals: self.cts.iter().map(|c| c.tot.clone()).collect(),
+            verified_hits: self.backend.verified_hits(),
+            accesses: self.accesses,
+        })
+    }
+
+    fn ct_index(&self, name: &str) -> Option<usize> {
+        self.cts.iter().position(|c| c.name == name && c.enabled)
+    }
+
+    fn control(&mut self, i: usize) -> Result<(), LabError> {
+        let e = self.controls[i].clone();
+        match e {
+            Event::Start { container, .. } => {
+                let Some(c) = self.ct_index(&container) else { return Ok(()) };
+                if self.cts[c].running {
+                    return Ok(());
+                }
+                let vm = self.cts[c].vm as u32 + 1;
+                let spec = self.cts[c].spec;
+                self.cts[c].pool = Some(self.backend.new_pool(vm, PoolKind::Ephemeral, spec)?);
+                if let Some(s) = self.cts[c].swap_spec {
+                    self.cts[c].swap_pool = Some(self.backend.new_pool(vm, PoolKind::Persistent, s)?);
+                }
+                let ct = &mut self.cts[c];
+                ct.running = true;
+                ct.epoch += 1;
+                ct.started_at = Some(self.now);
+                ct.roles = ct.initial_roles.clone();
+                let (n, epoch) = (ct.roles.len(), ct.epoch);
+                for th in 0..n {
+                    self.push(self.now, EV_THREAD, c as u32, th as u32, epoch);
+                }
+            }
+            Event::Stop { container, .. } => {
+                let Some(c) = self.ct_index(&container) else { return Ok(()) };
+                if !self.cts[c].running {
+                    return Ok(());
+                }
+                let cum = self.cum_counters(c)?;
+                let vm = self.cts[c].vm as u32 + 1;
+                for p in [self.cts[c].pool.take(), self.cts[c].swap_pool.take()].into_iter().flatten() {
+                    self.backend.destroy_pool(vm, p)?;
+                }
+                let now = self.now;
+                let ct = &mut self.cts[c];
+                ct.retired = cum;
+                ct.running = false;
+                ct.epoch += 1;
+                if let Some(s) = ct.started_at.take() {
+                    ct.tot.run_s += (now - s) as f64 / NS;
+                }
+                let (vmi, cg) = (ct.vm, ct.cg);
+                self.guests[vmi].drop_memcg(cg);
+            }
+            Event::SetCache { container, cache, .. } => {
+                let Some(c) = self.ct_index(&container) else { return Ok(()) };
+                self.cts[c].spec = cache;
+                if let Some(p) = self.cts[c].pool {
+                    self.backend.set_spec(self.cts[c].vm as u32 + 1, p, cache)?;
+                }
+            }
+            Event::SetVmWeights { vm, mem, ssd, .. } => {
+                if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
+                    self.backend.set_vm_weights(v as u32 + 1, mem, ssd)?;
+                }
+            }
+            Event::SetCapacity { store, mib, .. } => self.backend.set_capacity(store, mib_pages(mib))?,
+            Event::SetMode { mode, .. } => self.backend.set_mode(mode)?,
+            Event::Balloon { vm, memory_mib, .. } => {
+                if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
+                    let mut buf = std::mem::take(&mut self.evbuf);
+                    self.guests[v].set_limit(mib_pages(memory_mib), &mut |e| buf.push(e));
+                    let mut t = self.now;
+                    let r = self.handle_evictions(v, &mut buf, &mut t);
+                    buf.clear();
+                    self.evbuf = buf;
+                    r?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cumulative cache counters of a container (destroyed pools included).
+    fn cum_counters(&mut self, c: usize) -> Result<Counters, LabError> {
+        let mut cum = self.cts[c].retired;
+        let vm = self.cts[c].vm as u32 + 1;
+        for p in [self.cts[c].pool, self.cts[c].swap_pool].into_iter().flatten() {
+            let pc = self.backend.pool_counters(vm, p)?;
+            cum.add(&pc);
+            cum.mem.entitlement += pc.mem.entitlement;
+            cum.ssd.entitlement += pc.ssd.entitlement;
+        }
+        Ok(cum)
+    }
+
+    fn sample(&mut self) -> Result<(), LabError> {
+        let t_s = self.now as f64 / NS;
+        for c in 0..self.cts.len() {
+            if !self.cts[c].enabled {
+                continue;
+            }
+            let cum = self.cum_counters(c)?;
+            let ct = &self.cts[c];
+            let l = &ct.last;
+            let hits = |x: &Counters| x.mem.gets_hit + x.ssd.gets_hit;
+            let (lt, tt) = (&ct.last_tot, &ct.tot);
+            let m = &self.guests[ct.vm].cgs[ct.cg];
+            let s = Sample {
+                t_s,
+                ct: c,
+                running: ct.running,
+                memcg_pages: m.usage,
+                mem_used: if ct.running { cum.mem.used } else { 0 },
+                mem_ent: if ct.running { cum.mem.entitlement } else { 0 },
+                ssd_used: if ct.running { cum.ssd.used } else { 0 },
+                ssd_ent: if ct.running { cum.ssd.entitlement } else { 0 },
+                puts: (cum.mem.puts + cum.ssd.puts) - (l.mem.puts + l.ssd.puts),
+                puts_refused: cum.puts_refused - l.puts_refused,
+                hits: hits(&cum) - hits(l),
+                misses: cum.gets_missed - l.gets_missed,
+                flushes: (cum.mem.flushes + cum.ssd.flushes) - (l.mem.flushes + l.ssd.flushes),
+                evictions: (cum.mem.evictions + cum.ssd.evictions) - (l.mem.evictions + l.ssd.evictions),
+                promotions: cum.promotions - l.promotions,
+                demotions: cum.demotions - l.demotions,
+                ops: tt.ops - lt.ops,
+                bytes: tt.bytes - lt.bytes,
+                lat_ns: tt.lat_ns - lt.lat_ns,
+                pc_hits: m.counters.hits - lt.pc_hits,
+                pc_misses: m.counters.misses - lt.pc_misses,
+                disk_reads: tt.disk_reads - lt.disk_reads,
+            };
+            self.samples.push(s);
+            let (h, mi) = (m.counters.hits, m.counters.misses);
+            let ct = &mut self.cts[c];
+            ct.last = cum;
+            ct.last_tot = ct.tot.clone();
+            ct.last_tot.pc_hits = h;
+            ct.last_tot.pc_misses = mi;
+        }
+        Ok(())
+    }
+
+    /// Runs one operation of thread `th` of container `c` starting now. Returns its latency, or `None`
+    /// when the thread has nothing more to do (a trace that does not repeat).
+    fn step(&mut self, c: usize, th: usize) -> Result<Option<u64>, LabError> {
+        // The operation runs on the VM's earliest free vCPU; its CPU time (everything but device waits)
+        // keeps that vCPU busy.
+        let vm = self.cts[c].vm;
+        let (cpu_i, cpu_free) =
+            self.vcpus[vm].iter().copied().enumerate().min_by_key(|&(i, f)| (f, i)).unwrap_or((0, 0));
+        let begin = self.now.max(cpu_free);
+        self.io_wait = 0;
+        let start = self.now;
+        let mut t = begin;
+        let cpu = self.timing.op_cpu_ns;
+        let mut ops = 0u64;
+        let mut bytes = 0u64;
+        let kind = self.cts[c].kind;
+        let role = self.cts[c].roles[th];
+        let mut next = role;
+        match (kind, role) {
+            (Kind::Web { append_kib }, Role::Loop { step }) => {
+                if step < 10 {
+                    let f = self.pick(c, 0);
+                    t += 2 * cpu; // open, close
+                    bytes += self.read_whole(c, f, &mut t)?;
+                    t += cpu;
+                    ops += 3;
+                } else {
+                    let n = gamma_pages(&mut self.cts[c].rng, append_kib);
+                    let log = self.cts[c].log_obj;
+                    bytes += self.append(c, log, n, &mut t)?;
+                    t += cpu;
+                    ops += 1;
+                }
+                next = Role::Loop { step: (step + 1) % 11 };
+            }
+            (Kind::Proxy { append_kib }, Role::Loop { step }) => {
+                let f = self.pick(c, 0);
+                if step == 0 {
+                    self.delete(c, f)?;
+                    let n = gamma_pages(&mut self.cts[c].rng, append_kib);
+                    bytes += self.append(c, f, n, &mut t)?;
+                    t += 4 * cpu;
+                    ops += 4;
+                } else {
+                    bytes += self.read_whole(c, f, &mut t)?;
+                    t += 3 * cpu;
+                    ops += 3;
+                }
+                next = Role::Loop { step: (step + 1) % 6 };
+            }
+            (Kind::Mail { append_kib }, Role::Loop { step }) => {
+                let f = self.pick(c, 0);
+                match step {
+                    0 => {
+                        self.delete(c, f)?;
+                        let n = gamma_pages(&mut self.cts[c].rng, append_kib);
+                        bytes += self.append(c, f, n, &mut t)?;
+                        self.fsync(c, f, &mut t);
+                        t += 5 * cpu;
+                        ops += 5;
+                    }
+                    1 => {
+                        bytes += self.read_whole(c, f, &mut t)?;
+                        let n = gamma_pages(&mut self.cts[c].rng, append_kib);
+                        bytes += self.append(c, f, n, &mut t)?;
+                        self.fsync(c, f, &mut t);
+                        t += 5 * cpu;
+                        ops += 5;
+                    }
+                    _ => {
+                        bytes += self.read_whole(c, f, &mut t)?;
+                        t += 3 * cpu;
+                        ops += 3;
+                    }
+                }
+                next = Role::Loop { step: (step + 1) % 3 };
+            }
+            (Kind::Video { read_pages, read_page_ns, .. }, Role::Loop { .. }) => {
+                if read_page_ns > 0 {
+                    // Filebench's bwlimit: the readers together get at most the configured bandwidth.
+                    let b = t.max(self.cts[c].bw_next);
+                    self.io_wait += b - t;
+                    t = b;
+                    self.cts[c].bw_next = b + read_page_ns * read_pages as u64;
+                }
+                let f = self.pick(c, 0);
+                let sz = self.size[f as usize].max(1);
+                let mut off = self.cursor[f as usize] % sz;
+                for _ in 0..read_pages.min(sz) {
+                    self.read_page(c, f, off, &mut t)?;
+                    off = (off + 1) % sz;
+                }
+                self.cursor[f as usize] = off;
+                bytes += read_pages.min(sz) as u64 * 4096;
+                t += cpu;
+                ops += 1;
+            }
+            (
+                Kind::Video { write_pages, repint_ns, file_pages, .. },
+                Role::VideoWriter { file, done, total, step },
+            ) => match step {
+                0 => {
+                    let f = self.pick(c, 1);
+                    self.delete(c, f)?;
+                    t += 2 * cpu;
+                    ops += 2;
+                    next = Role::VideoWriter { file: f, done: 0, total: file_pages, step: 1 };
+                }
+                1 => {
+                    let n = write_pages.min(total - done);
+                    bytes += self.append(c, file, n, &mut t)?;
+                    t += cpu;
+                    ops += 1;
+                    let done = done + n;
+                    next = Role::VideoWriter { file, done, total, step: if done >= total { 2 } else { 1 } };
+                }
+                _ => {
+                    t += cpu + repint_ns;
+                    self.io_wait += repint_ns;
+                    ops += 1;
+                    next = Role::VideoWriter { file: 0, done: 0, total: 0, step: 0 };
+                }
+            },
+            (Kind::Kv { pages, write_fraction }, Role::Loop { .. }) => {
+                let rng = &mut self.cts[c].rng;
+                let idx = rng.gen_range(0..pages);
+                let write = rng.gen::<f64>() < write_fraction;
+                self.anon_access(c, idx, write, &mut t)?;
+                t += cpu;
+                ops += 1;
+                bytes += 4096;
+            }
+            (Kind::Trace { repeat }, Role::Trace { row }) => {
+                let tr = self.cts[c]
+                    .trace
+                    .clone()
+                    .ok_or_else(|| LabError::invalid("workload", "trace not loaded"))?;
+                if row >= tr.rows.len() {
+                    if !repeat {
+                        return Ok(None);
+                    }
+                    next = Role::Trace { row: 1 };
+                    self.trace_row(c, &tr, 0, &mut t)?;
+                } else {
+                    self.trace_row(c, &tr, row, &mut t)?;
+                    next = Role::Trace { row: row + 1 };
+                }
+                bytes += 4096;
+                t += cpu;
+                ops += 1;
+            }
+            _ => return Err(LabError::invalid("workload", "thread role does not match the workload")),
+        }
+        self.cts[c].roles[th] = next;
+        if let Some(f) = self.vcpus[vm].get_mut(cpu_i) {
+            *f = begin + (t - begin).saturating_sub(self.io_wait);
+        }
+        let lat = t - start;
+        let tot = &mut self.cts[c].tot;
+        tot.ops += ops;
+        tot.bytes += bytes;
+        tot.lat_ns += lat;
+        Ok(Some(lat))
+    }
+
+    fn trace_row(&mut self, c: usize, tr: &Trace, row: usize, t: &mut u64) -> Result<(), LabError> {
+        let (o, idx, pages, write) = tr.rows[row];
+        let obj = self.cts[c].first_obj + o;
+        for i in idx..idx + pages {
+            if write {
+                self.write_page(c, obj, i, t)?;
+            } else {
+                self.read_page(c, obj, i, t)?;
+            }
+            if self.size[obj as usize] <= i {
+                self.size[obj as usize] = i + 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn pick(&mut self, c: usize, set: usize) -> u32 {
+        let ct = &mut self.cts[c];
+        ct.fs[set].pick(&mut ct.rng)
+    }
+
+    fn read_whole(&mut self, c: usize, f: u32, t: &mut u64) -> Result<u64, LabError> {
+        let n = self.size[f as usize];
+        for i in 0..n {
+            self.read_page(c, f, i, t)?;
+        }
+        Ok(n as u64 * 4096)
+    }
+
+    /// Reads one file page: guest page cache, then the container's pool, then the disk.
+    #[inline]
+    fn read_page(&mut self, c: usize, obj: u32, idx: u32, t: &mut u64) -> Result<(), LabError> {
+        self.accesses += 1;
+        let (vm, cg) = (self.cts[c].vm, self.cts[c].cg);
+        let k = key(obj, idx);
+        if self.guests[vm].access(cg, k, false) {
+            *t += self.timing.page_cache_hit_ns;
+            return Ok(());
+        }
+        *t += self.timing.cache_op_ns;
+        let hit = match self.cts[c].pool {
+            Some(p) => self.backend.get(vm as u32 + 1, p, obj as u64, idx as u64, self.gen[obj as usize])?,
+            None => None,
+        };
+        match hit {
+            Some(StoreKind::Mem) => {
+                *t += self.timing.mem_store_hit_ns;
+                self.cts[c].tot.mem_hits += 1;
+            }
+            Some(StoreKind::Ssd) => {
+                *t += self.timing.ssd_store_hit_ns;
+                self.io_wait += self.timing.ssd_store_hit_ns;
+                self.cts[c].tot.ssd_hits += 1;
+            }
+            None => {
+                let d = self.disk.io(*t, k, 1, false);
+                self.io_wait += d - *t;
+                *t = d;
+                self.cts[c].tot.disk_reads += 1;
+            }
+        }
+        *t += self.timing.page_cache_hit_ns;
+        self.insert(c, k, false, false, t)
+    }
+
+    /// Writes one whole page (no read of the old content).
+    fn write_page(&mut self, c: usize, obj: u32, idx: u32, t: &mut u64) -> Result<(), LabError> {
+        self.accesses += 1;
+        let (vm, cg) = (self.cts[c].vm, self.cts[c].cg);
+        let k = key(obj, idx);
+        // Dirty throttling paces writers at the disk's rate: waiting, not CPU.
+        *t += self.timing.page_cache_hit_ns + self.disk.xfer;
+        self.io_wait += self.disk.xfer;
+        if self.guests[vm].access(cg, k, true) {
+            return Ok(());
+        }
+        self.insert(c, k, true, false, t)
+    }
+
+    fn append(&mut self, c: usize, f: u32, n: u32, t: &mut u64) -> Result<u64, LabError> {
+        let start = self.size[f as usize];
+        let n = n.min(u32::MAX / 2 - start);
+        for i in start..start + n {
+            self.write_page(c, f, i, t)?;
+        }
+        self.size[f as usize] = start + n;
+        Ok(n as u64 * 4096)
+    }
+
+    /// Writes back the file's dirty pages and waits for them.
+    fn fsync(&mut self, c: usize, f: u32, t: &mut u64) {
+        let vm = self.cts[c].vm;
+        for i in 0..self.size[f as usize] {
+            let k = key(f, i);
+            if self.guests[vm].clean(k) {
+                let d = self.disk.io(*t, k, 1, true);
+                self.io_wait += d - *t;
+                *t = d;
+                self.cts[c].tot.writebacks += 1;
+            }
+        }
+    }
+
+    /// Deletes (and so empties) a file: its pages leave the page cache and the pool, and the next
+    /// content gets a new generation.
+    fn delete(&mut self, c: usize, f: u32) -> Result<(), LabError> {
+        let vm = self.cts[c].vm;
+        for i in 0..self.size[f as usize] {
+            self.guests[vm].remove(key(f, i));
+        }
+        if let Some(p) = self.cts[c].pool {
+            self.backend.flush_object(vm as u32 + 1, p, f as u64)?;
+        }
+        self.gen[f as usize] = self.gen[f as usize].wrapping_add(1);
+        self.size[f as usize] = 0;
+        self.cursor[f as usize] = 0;
+        Ok(())
+    }
+
+    fn anon_access(&mut self, c: usize, idx: u32, write: bool, t: &mut u64) -> Result<(), LabError> {
+        self.accesses += 1;
+        let (vm, cg) = (self.cts[c].vm, self.cts[c].cg);
+        let Some(anon) = self.cts[c].anon.as_mut() else { return Ok(()) };
+        let obj = anon.object;
+        let k = key(obj, idx);
+        if self.guests[vm].access(cg, k, write) {
+            if write {
+                anon.ver[idx as usize] = anon.ver[idx as usize].wrapping_add(1);
+            }
+            *t += self.timing.page_cache_hit_ns;
+            return Ok(());
+        }
+        if anon.swapped[idx as usize] {
+            anon.swapped[idx as usize] = false;
+            let ver = anon.ver[idx as usize];
+            let mut hit = false;
+            if let Some(p) = self.cts[c].swap_pool {
+                *t += self.timing.cache_op_ns;
+                if self.backend.get(vm as u32 + 1, p, obj as u64, idx as u64, ver)?.is_some() {
+                    hit = true;
+                    *t += self.timing.mem_store_hit_ns;
+                    self.cts[c].tot.mem_hits += 1;
+                }
+                // The page is in memory again; its swap copy is dropped (no swap cache modelled).
+                self.backend.flush_page(vm as u32 + 1, p, obj as u64, idx as u64)?;
+            }
+            if !hit {
+                let d = self.disk.io(*t, k, 1, false);
+                self.io_wait += d - *t;
+                *t = d;
+                self.cts[c].tot.disk_reads += 1;
+            }
+        }
+        *t += self.timing.page_cache_hit_ns;
+        if write {
+            if let Some(a) = self.cts[c].anon.as_mut() {
+                a.ver[idx as usize] = a.ver[idx as usize].wrapping_add(1);
+            }
+        }
+        self.insert(c, k, true, true, t)
+    }
+
+    fn insert(&mut self, c: usize, k: u64, dirty: bool, anon: bool, t: &mut u64) -> Result<(), LabError> {
+        let (vm, cg) = (self.cts[c].vm, self.cts[c].cg);
+        let mut buf = std::mem::take(&mut self.evbuf);
+        self.guests[vm].insert(cg, k, dirty, anon, &mut |e| buf.push(e));
+        let r = if buf.is_empty() { Ok(()) } else { self.handle_evictions(vm, &mut buf, t) };
+        buf.clear();
+        self.evbuf = buf;
+        r
+    }
+
+    /// Write-back, put or swap-out of the pages a guest dropped (direct reclaim: the allocating thread
+    /// pays the hypercalls).
+    fn handle_evictions(&mut self, vm: usize, buf: &mut [Evicted], t: &mut u64) -> Result<(), LabError> {
+        for e in buf.iter() {
+            let c = self.vm_cts[vm][e.cg];
+            let (obj, idx) = (key_object(e.key), key_index(e.key));
+            if e.anon {
+                self.cts[c].tot.swap_outs += 1;
+                let Some(ver) = self.cts[c].anon.as_mut().map(|a| {
+                    a.swapped[idx as usize] = true;
+                    a.ver[idx as usize]
+                }) else {
+                    continue;
+                };
+                let stored = match self.cts[c].swap_pool {
+                    Some(p) => {
+                        *t += self.timing.cache_op_ns;
+                        self.backend.put(vm as u32 + 1, p, obj as u64, idx as u64, ver)?.is_some()
+                    }
+                    None => false,
+                };
+                if !stored {
+                    self.disk.io(*t, e.key, 1, true);
+                }
+                continue;
+            }
+            if e.dirty {
+                self.disk.io(*t, e.key, 1, true);
+                self.cts[c].tot.writebacks += 1;
+            }
+            if let Some(p) = self.cts[c].pool {
+                *t += self.timing.cache_op_ns;
+                self.backend.put(vm as u32 + 1, p, obj as u64, idx as u64, self.gen[obj as usize])?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! `doubledecker lab ...`: lists and runs the lab's scenarios (crate `dd-lab`), with a progress bar,
+//! and writes their outputs. Exits non-zero when a check fails.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use dd_lab::{bundled, RunOptions, Scenario};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Subcommand, Debug)]
+pub enum LabCommand {
+    /// Shows the bundled scenarios.
+    List,
+    /// Runs a bundled scenario (by name) or a scenario file (by path), or all bundled ones.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A bundled scenario's name or a scenario file's path.
+    #[arg(required_unless_present = "all")]
+    scenario: Option<String>,
+    /// Run every bundled scenario (each into its own subfolder) and write an index page.
+    #[arg(long, conflicts_with = "scenario")]
+    all: bool,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+    /// Overrides the scenario's size and time scale.
+    #[arg(long)]
+    scale: Option<f64>,
+    /// Overrides the scenario's seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(cmd: LabCommand) -> Result<()> {
+    match cmd {
+        LabCommand::List => {
+            for (name, _) in bundled::SCENARIOS {
+                let s = bundled::get(name)?;
+                let first = s.description.trim().lines().next().unwrap_or("").to_string();
+                println!(
+                    "{name:<28} {} variant(s), {} check(s)  {first}",
+                    s.variant_list().len(),
+                    s.checks.len()
+                );
+            }
+            Ok(())
+        }
+        LabCommand::Run(a) => {
+            let targets: Vec<(Scenario, Option<PathBuf>)> = if a.all {
+                bundled::SCENARIOS.iter().map(|(n, _)| Ok((bundled::get(n)?, None))).collect::<Result<_>>()?
+            } else {
+                let name = a.scenario.clone().unwrap_or_default();
+                vec![load(&name)?]
+            };
+            let mut results = Vec::new();
+            let mut failed = Vec::new();
+            for (sc, base) in &targets {
+                let dir = if a.all { a.out.join(&sc.name) } else { a.out.clone() };
+                let opts =
+                    RunOptions { scale: a.scale, seed: a.seed, base_dir: base.clone(), scratch_dir: None };
+                let res = run_one(sc, &opts, &dir, a.quiet)?;
+                if !res.all_passed() {
+                    failed.push(sc.name.clone());
+                }
+                results.push((sc.name.clone(), res));
+            }
+            if a.all {
+                let refs: Vec<(&str, &dd_lab::ScenarioResult)> =
+                    results.iter().map(|(n, r)| (n.as_str(), r)).collect();
+                dd_lab::plot::write_index(&refs, &a.out)?;
+                println!("index: {}", a.out.join("index.html").display());
+            }
+            if !failed.is_empty() {
+                bail!("checks failed in: {}", failed.join(", "));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
+    if bundled::SCENARIOS.iter().any(|(n, _)| *n == name) {
+        return Ok((bundled::get(name)?, None));
+    }
+    let p = Path::new(name);
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("no bundled scenario or readable file `{name}`"))?;
+    let sc = Scenario::from_toml(&text).with_context(|| format!("in {}", p.display()))?;
+    Ok((sc, p.parent().map(Path::to_path_buf)))
+}
+
+fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<dd_lab::ScenarioResult> {
+    let nvar = sc.variant_list().len() as u64;
+    let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(nvar * 1000) };
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>28} [{bar:40}] {percent:>3}% {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(sc.name.clone());
+    let names: Vec<String> = sc.variant_list().into_iter().map(|v| v.name).collect();
+    let started = Instant::now();
+    let res = dd_lab::run_scenario(sc, opts, &mut |vi, f| {
+        pb.set_position(vi as u64 * 1000 + (f * 1000.0) as u64);
+        pb.set_message(names.get(vi).cloned().unwrap_or_default());
+    })
+    .with_context(|| format!("scenario {}", sc.name))?;
+    pb.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    dd_lab::report::write_data(&res, dir)?;
+    dd_lab::plot::write_plots_and_report(&res, dir)?;
+    // Wall-clock figures go to the terminal only (never into summary.json / timeseries.csv).
+    println!(
+        "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), outputs in {}",
+        sc.name,
+        res.runs.len(),
+        wall,
+        res.accesses() as f64 / 1e6,
+        res.accesses() as f64 / wall.max(1e-9) / 1e6,
+        dir.display()
+    );
+    for c in &res.checks {
+        println!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
+    }
+    Ok(res)
+}
