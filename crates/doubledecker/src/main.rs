@@ -2,6 +2,7 @@
 
 mod admin_cli;
 mod bench;
+mod guest;
 mod lab;
 mod memctl;
 mod serve;
@@ -57,6 +58,11 @@ enum Command {
         #[command(subcommand)]
         which: serve::ConfigCommand,
     },
+    /// Guest-side tools (inside a VM): the cgroup watcher.
+    Guest {
+        #[command(subcommand)]
+        which: guest::GuestCommand,
+    },
     /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (SPEC section 10).
     Lab {
         #[command(subcommand)]
@@ -88,5 +94,6 @@ fn main() -> Result<()> {
         Command::Pool { conn, which } => admin_cli::pool(&conn, which),
         Command::Stats { conn, args } => admin_cli::stats(&conn, args),
         Command::Lab { which } => lab::run(which),
+        Command::Guest { which } => guest::run(which),
     }
 }

@@ -1,0 +1,61 @@
+//! `doubledecker guest ...`: the guest-side tools (inside a VM).
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use dd_guest::{WatchConfig, Watcher};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Subcommand, Debug)]
+pub enum GuestCommand {
+    /// Watch a cgroup hierarchy: a pool per container cgroup, created, respecified and destroyed as
+    /// cgroups come, change and go.
+    Watch(WatchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// The watcher's TOML configuration.
+    #[arg(long)]
+    config: PathBuf,
+    /// Reconcile once and exit, leaving the pools in place (for scripts).
+    #[arg(long)]
+    once: bool,
+}
+
+pub fn run(cmd: GuestCommand) -> Result<()> {
+    match cmd {
+        GuestCommand::Watch(a) => {
+            let cfg = WatchConfig::from_file(&a.config)?;
+            let interval = Duration::from_millis(cfg.poll_interval_ms);
+            let mut w = Watcher::new(cfg).context("connecting to the daemon")?;
+            if a.once {
+                let ch = w.round()?;
+                println!("{}", serde_json::to_string(&ch)?);
+                return Ok(());
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+            }
+            while !stop.load(Ordering::Relaxed) {
+                let ch = w.round()?;
+                for n in &ch.created {
+                    eprintln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
+                }
+                for n in &ch.respecified {
+                    eprintln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
+                }
+                for n in &ch.destroyed {
+                    eprintln!("guest watch: {n}: pool destroyed");
+                }
+                std::thread::sleep(interval);
+            }
+            // Nothing left behind: the pools this watcher created go with it.
+            w.shutdown()?;
+        }
+    }
+    Ok(())
+}

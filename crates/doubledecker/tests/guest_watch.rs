@@ -1,0 +1,124 @@
+//! The cgroup watcher against the real daemon: directories shaped like a cgroup parent appear, change
+//! annotation and disappear; the daemon's pools follow, and shutdown leaves nothing behind.
+
+mod common;
+
+use common::*;
+use dd_engine::{PoolKind, Spec};
+use dd_guest::{watch::ContainerSettings, WatchConfig, Watcher};
+use std::path::Path;
+use std::process::Command;
+
+fn set_annotation(dir: &Path, value: &str) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings and a valid value buffer of the given length.
+    unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"user.doubledecker.spec".as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        ) == 0
+    }
+}
+
+#[test]
+fn pools_follow_cgroups_and_shutdown_leaves_nothing() {
+    let v = vm(2);
+    let d = Daemon::start(&[&v], "");
+    let groups = tempfile::tempdir().unwrap();
+    let state = groups.path().join("pools.json");
+    let mut cfg: WatchConfig = toml::from_str(&format!(
+        "cgroup_parent = {:?}\nstate_file = {:?}\n[daemon]\nunix_socket = {:?}\nvm = 2\ndata_token = {:?}\n",
+        groups.path().join("containers").display().to_string(),
+        state.display().to_string(),
+        d.unix.display().to_string(),
+        v.data_token
+    ))
+    .unwrap();
+    cfg.containers
+        .insert("db".into(), ContainerSettings { spec: Spec::Ssd { weight: 7 }, kind: PoolKind::Persistent });
+    let parent = groups.path().join("containers");
+    std::fs::create_dir_all(parent.join("web")).unwrap();
+    std::fs::create_dir_all(parent.join("db")).unwrap();
+    let mut w = Watcher::new(cfg).unwrap();
+    let ch = w.round().unwrap();
+    assert_eq!(ch.created, vec!["db".to_string(), "web".to_string()]);
+
+    let mut client = d.unix_client(&v);
+    let mut listed = client.list_pools().unwrap();
+    listed.sort();
+    let mut ours: Vec<_> = w.pools().values().map(|o| o.pool).collect();
+    ours.sort();
+    assert_eq!(listed, ours, "the daemon holds exactly the watcher's pools");
+    let db = client.pool_stats(w.pools()["db"].pool).unwrap();
+    assert_eq!((db.spec, db.kind), (Spec::Ssd { weight: 7 }, PoolKind::Persistent));
+    let web = client.pool_stats(w.pools()["web"].pool).unwrap();
+    assert_eq!(web.spec, Spec::Mem { weight: 100 }, "unconfigured containers get the default spec");
+    // The state file publishes the map for the other guest frontends.
+    let published: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(published["web"]["pool"], web.pool.0);
+
+    // An annotation overrides the configuration (where the file system has user xattrs).
+    if set_annotation(&parent.join("web"), "hybrid:3:1") {
+        let ch = w.round().unwrap();
+        assert_eq!(ch.respecified, vec!["web".to_string()]);
+        let web = client.pool_stats(w.pools()["web"].pool).unwrap();
+        assert_eq!(web.spec, Spec::Hybrid { mem_weight: 3, ssd_weight: 1 });
+    } else {
+        eprintln!("no user xattrs on this file system: annotation step skipped");
+    }
+
+    // A cgroup goes: its pool goes; a new one comes: a new pool.
+    let old_web = w.pools()["web"].pool;
+    std::fs::remove_dir(parent.join("web")).unwrap();
+    std::fs::create_dir(parent.join("batch")).unwrap();
+    let ch = w.round().unwrap();
+    assert_eq!(ch.destroyed, vec!["web".to_string()]);
+    assert_eq!(ch.created, vec!["batch".to_string()]);
+    assert!(client.pool_stats(old_web).is_err(), "the destroyed pool is gone on the daemon");
+    assert_eq!(w.round().unwrap(), Default::default(), "a quiet round changes nothing");
+
+    w.shutdown().unwrap();
+    assert!(client.list_pools().unwrap().is_empty(), "shutdown destroys every pool it created");
+    assert!(!state.exists(), "and removes its state file");
+}
+
+#[test]
+fn the_cli_runs_one_round() {
+    let v = vm(3);
+    let d = Daemon::start(&[&v], "");
+    let groups = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(groups.path().join("c/one")).unwrap();
+    let cfg_path = groups.path().join("watch.toml");
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "cgroup_parent = {:?}\nstate_file = {:?}\n[daemon]\ntcp = {:?}\nvm = 3\n",
+            groups.path().join("c").display().to_string(),
+            groups.path().join("s.json").display().to_string(),
+            d.tcp.to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+        .args(["guest", "watch", "--once", "--config"])
+        .arg(&cfg_path)
+        .env("DD_VM_DATA_TOKEN", &v.data_token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"created\":[\"one\"]"));
+    assert_eq!(d.tcp_client(&v).list_pools().unwrap().len(), 1);
+    // Without a token the configuration is rejected with the field named.
+    let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+        .args(["guest", "watch", "--once", "--config"])
+        .arg(&cfg_path)
+        .env_remove("DD_VM_DATA_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("daemon.data_token"));
+}
