@@ -601,6 +601,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn identity_check_names_the_broken_pool() {
+        use dd_engine::{Counters as C, EvictionOrder, Mode, PoolKind, VmId, VmStats, VmWeights};
+        let mut good = C::default();
+        good.mem.puts = 10;
+        good.mem.exclusive_gets = 3;
+        good.mem.evictions = 2;
+        good.mem.used = 5;
+        let mut bad = good;
+        bad.mem.used = 6; // one page more than the counters account for
+        let pool = |id: u32, counters: C| PoolStats {
+            pool: PoolId(id),
+            vm: VmId(1),
+            kind: PoolKind::Ephemeral,
+            spec: Spec::Mem { weight: 1 },
+            order: EvictionOrder::default(),
+            exclusive_gets: true,
+            counters,
+        };
+        let mut totals = good;
+        totals.add(&good);
+        let mut h = HostStats {
+            page_size: PAGE,
+            mode: Mode::default(),
+            eviction_batch_pages: 1,
+            stores: vec![],
+            vms: vec![VmStats {
+                vm: VmId(1),
+                weights: VmWeights::equal(1),
+                pools: vec![pool(1, good), pool(2, good)],
+                totals,
+            }],
+            totals,
+        };
+        let r = check_identity(&h);
+        assert!(r.holds && r.host_holds, "{r:?}");
+        assert_eq!((r.pools_checked, r.vms_checked), (2, 1));
+        h.vms[0].pools[1] = pool(2, bad);
+        let r = check_identity(&h);
+        assert!(!r.holds && r.host_holds);
+        assert_eq!(r.failures.len(), 1);
+        assert!(r.failures[0].starts_with("vm 1 pool 2"), "{:?}", r.failures);
+    }
+
+    #[test]
     fn rss_bound_uses_the_second_half() {
         let cap = 64 << 20;
         // Start-up growth in the first half above the bound does not count; the second half does.
