@@ -577,23 +577,11 @@ pub fn drive<B: Backend>(b: &mut B, spec: &LoadSpec, barrier: &Barrier) -> Resul
     rng.fill_bytes(&mut vals);
 
     // Fill: this connection's share (keys = conn mod connections), pipelined like the measured load.
-    let share: Vec<u64> = (spec.conn as u64..spec.keys).step_by(spec.connections).collect();
-    let mut inflight = 0;
-    for chunk in share.chunks(spec.batch) {
-        for (i, k) in chunk.iter().enumerate() {
-            stamp(&mut vals[i * VALUE_SIZE..(i + 1) * VALUE_SIZE], *k);
-        }
-        b.send_put(chunk, &vals[..chunk.len() * VALUE_SIZE])?;
-        inflight += 1;
-        if inflight == spec.depth {
-            b.recv()?;
-            inflight -= 1;
-        }
-    }
-    for _ in 0..inflight {
-        b.recv()?;
-    }
+    // The barrier is passed whatever the fill's outcome, so a failing connection cannot leave the others
+    // waiting at it forever; the error is returned after it.
+    let filled = fill(b, spec, &mut vals);
     barrier.wait();
+    filled?;
 
     let mut r = ConnResult {
         get_hist: histogram(),
@@ -654,6 +642,27 @@ pub fn drive<B: Backend>(b: &mut B, spec: &LoadSpec, barrier: &Barrier) -> Resul
     }
     r.measured = last_done.saturating_duration_since(record_from);
     Ok(r)
+}
+
+/// Puts this connection's share of the key space (`conn mod connections`), `depth` batches in flight.
+fn fill<B: Backend>(b: &mut B, spec: &LoadSpec, vals: &mut [u8]) -> Result<()> {
+    let share: Vec<u64> = (spec.conn as u64..spec.keys).step_by(spec.connections).collect();
+    let mut inflight = 0;
+    for chunk in share.chunks(spec.batch) {
+        for (i, k) in chunk.iter().enumerate() {
+            stamp(&mut vals[i * VALUE_SIZE..(i + 1) * VALUE_SIZE], *k);
+        }
+        b.send_put(chunk, &vals[..chunk.len() * VALUE_SIZE])?;
+        inflight += 1;
+        if inflight == spec.depth {
+            b.recv()?;
+            inflight -= 1;
+        }
+    }
+    for _ in 0..inflight {
+        b.recv()?;
+    }
+    Ok(())
 }
 
 /// Runs `spec.connections` threads against the backend `connect` makes, and sums their results.
