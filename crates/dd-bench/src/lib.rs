@@ -7,7 +7,13 @@
 //!   the same order, for one thread and several.
 //! * [`dedup`]: put cost with content de-duplication against without, same run.
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
+//! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both.
+//! * [`soak`]: mixed load on the daemon for a long time; checks bounded memory and the stats identity.
+//! * [`daemon`]: starts and stops a real `doubledecker serve` process for `server` and `soak`.
 
+pub mod daemon;
 pub mod dedup;
+pub mod server;
+pub mod soak;
 pub mod ssd;
 pub mod store;

@@ -12,6 +12,53 @@ pub enum BenchCommand {
     Ssd(SsdArgs),
     /// Put cost with content de-duplication against without.
     Dedup(DedupArgs),
+    /// The daemon over TCP loopback against memcached: same load generator, connections, pipeline
+    /// depth, batch size, 4 KiB values, key distribution and get/put mix.
+    Server(ServerArgs),
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Against {
+    /// A real memcached (`apt-get install memcached`), started by the benchmark on 127.0.0.1.
+    Memcached,
+    /// Only our daemon (no baseline; no ratio).
+    None,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// The baseline server.
+    #[arg(long, value_enum, default_value_t = Against::Memcached)]
+    against: Against,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Client connections, one thread each, for both servers.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Requests in flight per connection (pipeline depth).
+    #[arg(long, default_value_t = 4)]
+    depth: usize,
+    /// Keys per request (multi-get / put batch).
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Measured seconds per server (after the fill and a 1 s warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Fraction of requests that are gets.
+    #[arg(long, default_value_t = 0.9)]
+    get_ratio: f64,
+    /// Key space (4 KiB each); sized to fit both caches.
+    #[arg(long, default_value_t = 65_536)]
+    keys: u64,
+    /// Zipfian key popularity with this exponent (0: uniform).
+    #[arg(long, default_value_t = 0.0)]
+    zipf: f64,
+    /// The memcached executable.
+    #[arg(long, default_value = "memcached")]
+    memcached: PathBuf,
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -98,6 +145,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 println!("stats identity holds   {:>14}", r.identity_holds);
             }
         }
+        BenchCommand::Server(a) => server(a)?,
         BenchCommand::Dedup(a) => {
             let opts = dd_bench::dedup::DedupBenchOptions {
                 working_set_pages: a.working_set_pages,
@@ -158,6 +206,56 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 println!("ratio                  {:>10.2}", r.ratio);
             }
         }
+    }
+    Ok(())
+}
+
+fn server(a: ServerArgs) -> Result<()> {
+    let opts = dd_bench::server::ServerBenchOptions {
+        // The daemon under test is this very binary, so the benchmark measures the build that runs it.
+        exe: std::env::current_exe().context("locating the doubledecker executable")?,
+        against_memcached: a.against == Against::Memcached,
+        memcached: a.memcached,
+        connections: a.connections,
+        depth: a.depth,
+        batch: a.batch,
+        get_ratio: a.get_ratio,
+        keys: a.keys,
+        zipf_theta: a.zipf,
+        seconds: a.seconds,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let r = dd_bench::server::run(&opts, &mut |msg| eprintln!("bench server: {msg}"))
+        .context("bench server failed")?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let p = &r.parameters;
+    println!(
+        "{} connections x depth {} x batch {}, {} B values, {:.0}% gets, {} keys ({}), {} server threads",
+        p.connections,
+        p.pipeline_depth,
+        p.batch_keys,
+        p.value_size_bytes,
+        p.get_ratio * 100.0,
+        p.keys,
+        p.key_distribution,
+        p.server_threads
+    );
+    println!(
+        "{:<14} {:>12} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "server", "ops/s", "hit", "get p50", "get p99", "put p50", "put p99"
+    );
+    for s in std::iter::once(&r.doubledecker).chain(r.memcached.as_ref()) {
+        println!(
+            "{:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us",
+            s.server, s.ops_per_s, s.get_hit_ratio, s.get_p50_us, s.get_p99_us, s.put_p50_us, s.put_p99_us
+        );
+    }
+    if let (Some(x), Some(p99)) = (r.ratio_ops, r.p99_no_worse) {
+        println!("ops/s ratio {x:.2} (target >= 1.5), p99 no worse: {p99}");
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod guest;
 mod lab;
 mod memctl;
 mod serve;
+mod soak;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -53,6 +54,8 @@ enum Command {
         #[command(flatten)]
         args: admin_cli::StatsArgs,
     },
+    /// Mixed load on a real daemon for a while; checks bounded memory and the stats identity.
+    Soak(soak::SoakArgs),
     /// The daemon's configuration.
     Config {
         #[command(subcommand)]
@@ -90,6 +93,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Config { which } => serve::config(which),
+        Command::Soak(a) => soak::run(a),
         Command::Vm { conn, which } => admin_cli::vm(&conn, which),
         Command::Pool { conn, which } => admin_cli::pool(&conn, which),
         Command::Stats { conn, args } => admin_cli::stats(&conn, args),
