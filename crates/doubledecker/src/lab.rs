@@ -33,6 +33,9 @@ pub struct RunArgs {
     /// Overrides the scenario's seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Directory for the SSD store's scratch file (default: /dev/shm if writable, else the temp dir).
+    #[arg(long)]
+    scratch_dir: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -63,8 +66,12 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             let mut failed = Vec::new();
             for (sc, base) in &targets {
                 let dir = if a.all { a.out.join(&sc.name) } else { a.out.clone() };
-                let opts =
-                    RunOptions { scale: a.scale, seed: a.seed, base_dir: base.clone(), scratch_dir: None };
+                let opts = RunOptions {
+                    scale: a.scale,
+                    seed: a.seed,
+                    base_dir: base.clone(),
+                    scratch_dir: a.scratch_dir.clone(),
+                };
                 let res = run_one(sc, &opts, &dir, a.quiet)?;
                 if !res.all_passed() {
                     failed.push(sc.name.clone());
