@@ -236,6 +236,19 @@ impl<I: CgroupIo> Controller<I> {
             .map_or((self.cfg.default_weight, Class::Silver), |c| (c.weight, c.class))
     }
 
+    /// One container as the decision function sees it.
+    fn container(&self, g: &Cgroup, info: &MemoryInfo) -> ContainerSnapshot {
+        let (weight, class) = self.settings_of(&g.name);
+        ContainerSnapshot {
+            name: g.name.clone(),
+            usage_bytes: info.usage,
+            weight,
+            class,
+            soft_limit_bytes: info.soft_limit,
+            reclaimable_bytes: reclaimable(info),
+        }
+    }
+
     /// Discovers containers and reads their memory; containers that vanish while being read are left out
     /// (and noted in `errors`).
     fn snapshot(&self, errors: &mut Vec<String>) -> Vec<(Cgroup, MemoryInfo)> {
@@ -296,21 +309,8 @@ impl<I: CgroupIo> Controller<I> {
         let total: u64 = groups.iter().map(|(_, i)| i.usage).sum();
         let need = need.unwrap_or_else(|| self.need(total, &mut report.errors));
         report.need_bytes = need;
-        let mut snap: Vec<ContainerSnapshot> = groups
-            .iter()
-            .map(|(g, info)| {
-                let (weight, class) = self.settings_of(&g.name);
-                ContainerSnapshot {
-                    name: g.name.clone(),
-                    usage_bytes: info.usage,
-                    weight,
-                    class,
-                    soft_limit_bytes: info.soft_limit,
-                    // Without swap only the page cache can be reclaimed.
-                    reclaimable_bytes: info.file.min(info.usage),
-                }
-            })
-            .collect();
+        let mut snap: Vec<ContainerSnapshot> =
+            groups.iter().map(|(g, info)| self.container(g, info)).collect();
         let opts =
             ReclaimOptions { v1_hold: Duration::from_millis(self.cfg.v1_hold_ms), ..Default::default() };
         let mut left = need;
@@ -344,7 +344,7 @@ impl<I: CgroupIo> Controller<I> {
                 match g.info(&self.io) {
                     Ok(info) => {
                         snap[i].usage_bytes = info.usage;
-                        snap[i].reclaimable_bytes = info.file.min(info.usage);
+                        snap[i].reclaimable_bytes = reclaimable(&info);
                         groups[i].1 = info;
                     }
                     Err(e) => {
@@ -380,20 +380,7 @@ impl<I: CgroupIo> Controller<I> {
         let groups = self.snapshot(&mut errors);
         let total: u64 = groups.iter().map(|(_, i)| i.usage).sum();
         let need = need.unwrap_or_else(|| self.need(total, &mut errors));
-        let snap: Vec<ContainerSnapshot> = groups
-            .iter()
-            .map(|(g, info)| {
-                let (weight, class) = self.settings_of(&g.name);
-                ContainerSnapshot {
-                    name: g.name.clone(),
-                    usage_bytes: info.usage,
-                    weight,
-                    class,
-                    soft_limit_bytes: info.soft_limit,
-                    reclaimable_bytes: info.file.min(info.usage),
-                }
-            })
-            .collect();
+        let snap: Vec<ContainerSnapshot> = groups.iter().map(|(g, info)| self.container(g, info)).collect();
         let actions = crate::decide::plan(&snap, need, &self.cfg.decision);
         (need, snap, actions)
     }
@@ -409,6 +396,11 @@ impl<I: CgroupIo> Controller<I> {
             std::thread::sleep(Duration::from_millis(self.cfg.interval_ms));
         }
     }
+}
+
+/// What a reclaim can take from a container: without swap, only its page cache.
+fn reclaimable(info: &MemoryInfo) -> u64 {
+    info.file.min(info.usage)
 }
 
 fn mem_available() -> std::io::Result<u64> {
