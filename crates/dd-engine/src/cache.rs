@@ -160,12 +160,6 @@ impl std::fmt::Debug for Cache {
     }
 }
 
-/// A page's bytes located for a copy outside the pool lock.
-enum Pending {
-    Mem(crate::store::mem::FrameId),
-    Ssd(crate::store::ssd::SlotId),
-}
-
 impl Cache {
     /// Builds a cache from a validated configuration. Opens (and empties) the SSD store if configured and
     /// starts the background worker unless maintenance is inline.
@@ -1296,21 +1290,12 @@ impl Shared {
                 .collect();
         }
         let mut hits = vec![false; keys.len()];
-        let mut taken: Vec<(usize, Pending)> = Vec::with_capacity(keys.len());
+        let mut taken: Vec<(usize, Loc)> = Vec::with_capacity(keys.len());
         {
             let mut g = p.inner.lock();
             for (i, k) in keys.iter().enumerate() {
                 match g.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
-                    Some(e) => {
-                        let loc = e.loc;
-                        taken.push((
-                            i,
-                            match loc {
-                                Loc::Mem(f) => Pending::Mem(f),
-                                Loc::Ssd(s) => Pending::Ssd(s),
-                            },
-                        ));
-                    }
+                    Some(e) => taken.push((i, e.loc)),
                     None => g.counters.gets_missed += 1,
                 }
             }
@@ -1318,18 +1303,15 @@ impl Shared {
         }
         let mut ssd_reqs: Vec<(usize, crate::store::ssd::SlotId)> = Vec::new();
         let mut locs = Vec::with_capacity(taken.len());
-        for (i, t) in taken {
-            match t {
-                Pending::Mem(f) => {
+        for (i, loc) in taken {
+            match loc {
+                Loc::Mem(f) => {
                     self.mem.read(f, &mut out[i * ps..(i + 1) * ps]);
                     hits[i] = true;
-                    locs.push(Loc::Mem(f));
                 }
-                Pending::Ssd(s) => {
-                    ssd_reqs.push((i, s));
-                    locs.push(Loc::Ssd(s));
-                }
+                Loc::Ssd(s) => ssd_reqs.push((i, s)),
             }
+            locs.push(loc);
         }
         if let (false, Some(ssd)) = (ssd_reqs.is_empty(), self.ssd.as_ref()) {
             // Split `out` into disjoint page slices for the batched read.
