@@ -633,6 +633,8 @@ mod tests {
                 totals,
             }],
             totals,
+            pins_held: 0,
+            remote_dedups: 0,
         };
         let r = check_identity(&h);
         assert!(r.holds && r.host_holds, "{r:?}");

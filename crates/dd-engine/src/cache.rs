@@ -31,11 +31,18 @@
 //! * `stores[s].reserved` = pages indexed in store `s` + pages in flight (reserved, not yet indexed or
 //!   freed). At quiescence it equals the sum of the pools' `used`.
 //! * Per pool and store the statistics identity holds whenever the pool lock is free.
+//!
+//! # Co-operative de-duplication
+//! With a [`RemoteSink`] installed, eviction of an unshared memory page leaves a pending record and
+//! offers the page's bytes to the sink; the daemon later installs a remote record or abandons it
+//! (`remote.rs`). The pin table (pins held for peers) is a leaf lock. The engine never waits for a
+//! peer: the sink's calls return at once, and fetching a remotified page is the daemon's business.
 
 use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
 use crate::policy::{compute_entitlements, select_victim, EntityUsage, VmShape};
 use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, MAX_WEIGHT};
+use crate::remote::{Evicted, RemoteRef, RemoteSink};
 use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
 use crate::store::dedup::{hash_page, ContentIndex, Lookup};
 use crate::store::mem::MemStore;
@@ -146,6 +153,26 @@ struct Shared {
     instance: u64,
     wake: (Mutex<bool>, Condvar),
     shutdown: AtomicBool,
+    /// The daemon's remotifier, once installed (`remote.rs`).
+    sink: std::sync::OnceLock<Arc<dyn RemoteSink>>,
+    /// Tokens of pending remote records (never repeat within this cache).
+    remote_tokens: AtomicU64,
+    /// Pending records a pool may hold; beyond it evictions are plain.
+    max_pending_per_pool: usize,
+    /// Pins held for peers: pin number -> frame (a leaf lock).
+    pins: Mutex<Map<u64, crate::store::mem::FrameId>>,
+    next_pin: AtomicU64,
+    pins_granted: AtomicU64,
+}
+
+/// What a get found when co-operative de-duplication is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetOutcome {
+    Hit,
+    Miss,
+    /// Not held locally, but remotified: the caller fetches it from the peer, verifies its hash and
+    /// reports the result with [`Cache::record_remote_get`].
+    Remote(RemoteRef),
 }
 
 /// The DoubleDecker cache store. Cheap to share: wrap it in an `Arc` (it is `Send + Sync`).
@@ -212,6 +239,12 @@ impl Cache {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             wake: (Mutex::new(false), Condvar::new()),
             shutdown: AtomicBool::new(false),
+            sink: std::sync::OnceLock::new(),
+            remote_tokens: AtomicU64::new(1),
+            max_pending_per_pool: 4096,
+            pins: Mutex::new(Map::with_hasher(Hasher::default())),
+            next_pin: AtomicU64::new(1),
+            pins_granted: AtomicU64::new(0),
         });
         let worker = match cfg.maintenance {
             Maintenance::Inline => None,
@@ -513,6 +546,7 @@ impl Cache {
             p.publish(&g);
             loc
         };
+        self.shared.release_remote(&p);
         if let Some(l) = loc {
             self.shared.free_locs(&[l]);
         }
@@ -526,9 +560,11 @@ impl Cache {
             let mut g = p.inner.lock();
             let ids = g.object_ids(object);
             let locs = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
+            g.drop_remote_object(object);
             p.publish(&g);
             locs
         };
+        self.shared.release_remote(&p);
         self.shared.free_locs(&locs);
         Ok(locs.len() as u64)
     }
@@ -561,6 +597,9 @@ impl Cache {
         // "revived" from the target's older copy.
         let mut replaced: Vec<Loc> =
             gb.object_ids(object).into_iter().map(|id| gb.remove(id, Departure::Flush).loc).collect();
+        // Remotified pages do not move: the target's are stale, the source's become misses.
+        gb.drop_remote_object(object);
+        ga.drop_remote_object(object);
         let ids = ga.object_ids(object);
         let moved = ids.len() as u64;
         for id in ids {
@@ -575,6 +614,8 @@ impl Cache {
         b.publish(&gb);
         drop(ga);
         drop(gb);
+        self.shared.release_remote(&a);
+        self.shared.release_remote(&b);
         self.shared.free_locs(&replaced);
         Ok(moved)
     }
@@ -621,6 +662,8 @@ impl Cache {
                 .collect(),
             vms,
             totals,
+            pins_held: self.pins_held(),
+            remote_dedups: self.shared.pins_granted.load(Ordering::Relaxed),
         }
     }
 
@@ -636,6 +679,114 @@ impl Cache {
     /// The SSD store's I/O counters, if there is one.
     pub fn ssd_io_stats(&self) -> Option<crate::store::ssd::SsdIoStats> {
         self.shared.ssd.as_ref().map(|s| s.io_stats())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Co-operative de-duplication (remote.rs)
+    // ------------------------------------------------------------------------------------------
+
+    /// Installs the remotifier. Only the first call takes effect (returns false afterwards); remotification
+    /// needs the memory store's de-duplication (`mem.dedup`), without it the call is refused too.
+    pub fn set_remote_sink(&self, sink: Arc<dyn RemoteSink>) -> bool {
+        self.shared.dedup.is_some() && self.shared.sink.set(sink).is_ok()
+    }
+
+    /// Makes the pending record of an offered page remote. False when the key changed since the offer
+    /// (put, flushed, pool gone): the caller must release the pin.
+    pub fn install_remote(&self, vm: VmId, pool: PoolId, key: Key, token: u64, r: RemoteRef) -> bool {
+        let Ok(p) = self.shared.pool(vm, pool) else { return false };
+        let mut g = p.inner.lock();
+        if g.dead {
+            return false;
+        }
+        g.install_remote(key, token, r)
+    }
+
+    /// Drops the pending record of an offered page that no peer took.
+    pub fn abandon_remote(&self, vm: VmId, pool: PoolId, key: Key, token: u64) {
+        if let Ok(p) = self.shared.pool(vm, pool) {
+            p.inner.lock().abandon_remote(key, token);
+        }
+    }
+
+    /// A get that also reports remotified pages: on a local miss of a remotified key returns its
+    /// [`RemoteRef`] (an exclusive pool forgets the record; the caller releases the pin after fetching).
+    pub fn get_or_remote(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        key: Key,
+        out: &mut [u8],
+    ) -> Result<GetOutcome, CacheError> {
+        if self.get(vm, pool, key, out)? {
+            return Ok(GetOutcome::Hit);
+        }
+        Ok(match self.take_remote(vm, pool, key)? {
+            Some(r) => GetOutcome::Remote(r),
+            None => GetOutcome::Miss,
+        })
+    }
+
+    /// The remote record of a key that just missed locally (see [`Self::get_or_remote`]).
+    pub fn take_remote(&self, vm: VmId, pool: PoolId, key: Key) -> Result<Option<RemoteRef>, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        let mut g = p.inner.lock();
+        Ok(g.take_remote(key, p.exclusive_gets))
+    }
+
+    /// Counts the result of fetching a remotified page for a pool's statistics.
+    pub fn record_remote_get(&self, vm: VmId, pool: PoolId, hit: bool) {
+        if let Ok(p) = self.shared.pool(vm, pool) {
+            let mut g = p.inner.lock();
+            if hit {
+                g.counters.remote_gets_hit += 1;
+            } else {
+                g.counters.remote_gets_missed += 1;
+            }
+        }
+    }
+
+    /// A peer's remote compare (Algorithm 4): if a frame of the shared de-dup domain holds exactly
+    /// `data`, takes a reference on it for the peer and returns the pin number.
+    pub fn pin(&self, hash: u128, data: &[u8]) -> Option<u64> {
+        let idx = self.shared.dedup.as_ref()?;
+        if data.len() != self.shared.page_size || hash_page(data) != hash {
+            return None;
+        }
+        let Lookup::Shared(f) = idx.lookup(&self.shared.mem, 0, hash, data) else { return None };
+        let pin = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
+        self.shared.pins.lock().insert(pin, f);
+        self.shared.pins_granted.fetch_add(1, Ordering::Relaxed);
+        Some(pin)
+    }
+
+    /// Copies a pinned frame into `out`. False for an unknown (released) pin.
+    pub fn read_pin(&self, pin: u64, out: &mut [u8]) -> bool {
+        if out.len() != self.shared.page_size {
+            return false;
+        }
+        // Read under the pin-table lock so a concurrent unpin cannot free the frame mid-copy.
+        let pins = self.shared.pins.lock();
+        let Some(f) = pins.get(&pin) else { return false };
+        self.shared.mem.read(*f, out);
+        true
+    }
+
+    /// Releases a pin (its frame is freed if nothing else references it). False for an unknown pin.
+    pub fn unpin(&self, pin: u64) -> bool {
+        let Some(f) = self.shared.pins.lock().remove(&pin) else { return false };
+        self.shared.release_frames(&[f]);
+        true
+    }
+
+    /// Pins held now.
+    pub fn pins_held(&self) -> u64 {
+        self.shared.pins.lock().len() as u64
+    }
+
+    /// Content hashes of the frames of the shared de-dup domain (the summary a daemon publishes).
+    pub fn content_hashes(&self) -> Vec<u128> {
+        self.shared.dedup.as_ref().map(|idx| idx.hashes(0)).unwrap_or_default()
     }
 
     /// Verifies every pool's invariants and the store reservations (tests; takes every lock in turn).
@@ -662,9 +813,10 @@ impl Cache {
                     return Err(format!("mem: reserved {reserved} != frames in use {frames}"));
                 }
                 if let Some(idx) = &self.shared.dedup {
-                    if idx.references() != per_store[0] {
+                    let pins = self.shared.pins.lock().len() as u64;
+                    if idx.references() != per_store[0] + pins {
                         return Err(format!(
-                            "dedup: {} references != {} pages indexed",
+                            "dedup: {} references != {} pages indexed + {pins} pins",
                             idx.references(),
                             per_store[0]
                         ));
@@ -812,9 +964,11 @@ impl Shared {
             g.dead = true;
             let ids = g.all_ids();
             let locs: Vec<Loc> = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
+            g.drop_all_remote();
             p.publish(&g);
             (locs, g.counters)
         };
+        self.release_remote(p);
         self.free_locs(&locs);
         counters
     }
@@ -997,6 +1151,7 @@ impl Shared {
             p.publish(&g);
             r
         };
+        self.release_remote(p);
         if let Some(old) = replaced {
             self.free_locs(&[old]);
         }
@@ -1016,6 +1171,7 @@ impl Shared {
             p.publish(&g);
             loc
         };
+        self.release_remote(p);
         if let Some(l) = loc {
             self.free_locs(&[l]);
         }
@@ -1146,25 +1302,94 @@ impl Shared {
             return 0;
         }
         let mut locs = Vec::new();
+        // Memory pages offered for remotification: (key, token, frame).
+        let mut offers = Vec::new();
+        let sink = self.sink.get().filter(|_| store == StoreKind::Mem);
         {
             let mut g = p.inner.lock();
-            while (locs.len() as u64) < n {
+            while ((locs.len() + offers.len()) as u64) < n {
                 if let Some(limit) = until_seq {
                     let oldest = g.oldest_seq(store);
                     // Always take at least one page so global eviction makes progress.
-                    if !locs.is_empty() && oldest.is_none_or(|s| s > limit) {
+                    if !(locs.is_empty() && offers.is_empty()) && oldest.is_none_or(|s| s > limit) {
                         break;
                     }
                 }
                 match g.pop_victim(store) {
+                    Some(Entry { loc: Loc::Mem(f), key, .. })
+                        if sink.is_some() && g.pending_remote < self.max_pending_per_pool =>
+                    {
+                        let token = self.remote_tokens.fetch_add(1, Ordering::Relaxed);
+                        g.set_pending(key, token);
+                        offers.push((key, token, f));
+                    }
                     Some(Entry { loc, .. }) => locs.push(loc),
                     None => break,
                 }
             }
             p.publish(&g);
         }
+        self.release_remote(p);
+        let evicted = (locs.len() + offers.len()) as u64;
         self.free_locs(&locs);
-        locs.len() as u64
+        if let Some(sink) = sink {
+            self.offer_evicted(p, sink.as_ref(), offers);
+        }
+        evicted
+    }
+
+    /// Frees evicted memory pages, first offering the ones no other local page shares (thesis 004,
+    /// Algorithm 3: only "remote sharing candidates" are remotified). Offers that were not made are
+    /// abandoned under the pool lock again.
+    fn offer_evicted(
+        &self,
+        p: &Pool,
+        sink: &dyn RemoteSink,
+        offers: Vec<(Key, u64, crate::store::mem::FrameId)>,
+    ) {
+        let idx = self.dedup.as_ref().expect("a sink is only installed with de-duplication");
+        let mut not_offered = Vec::new();
+        let mut freed = 0;
+        for (key, token, f) in offers {
+            if !idx.release(&self.mem, f) {
+                not_offered.push((key, token)); // still shared locally: stays a local page
+                continue;
+            }
+            // The last reference is gone: this thread owns the frame until it frees it.
+            let mut data = vec![0u8; self.page_size].into_boxed_slice();
+            self.mem.read(f, &mut data);
+            if self.mem.free(f) {
+                freed += 1;
+            }
+            let hash = hash_page(&data);
+            if !sink.offer(Evicted { vm: p.vm, pool: p.id, key, token, hash, data }) {
+                not_offered.push((key, token));
+            }
+        }
+        if freed > 0 {
+            self.stores[0].release(freed);
+        }
+        if !not_offered.is_empty() {
+            let mut g = p.inner.lock();
+            for (key, token) in not_offered {
+                g.abandon_remote(key, token);
+            }
+        }
+    }
+
+    /// Hands the remote records a pool operation removed to the sink (call after unlocking the pool).
+    fn release_remote(&self, p: &Pool) {
+        let Some(sink) = self.sink.get() else { return };
+        let released = std::mem::take(&mut p.inner.lock().released);
+        for r in released {
+            sink.release(r);
+        }
+    }
+
+    /// Drops references to memory frames (pins), freeing frames that become unreferenced.
+    fn release_frames(&self, frames: &[crate::store::mem::FrameId]) {
+        let locs: Vec<Loc> = frames.iter().map(|f| Loc::Mem(*f)).collect();
+        self.free_locs(&locs);
     }
 
     /// Evicts until the store's reservation fits its capacity (after a shrink).

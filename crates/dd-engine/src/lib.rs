@@ -41,13 +41,15 @@ pub mod error;
 pub(crate) mod order;
 pub mod policy;
 mod pool;
+pub mod remote;
 pub mod stats;
 pub mod store;
 pub mod types;
 
-pub use cache::Cache;
+pub use cache::{Cache, GetOutcome};
 pub use config::EngineConfig;
 pub use error::CacheError;
+pub use remote::{Evicted, RemoteRef, RemoteSink};
 pub use stats::{Counters, HostStats, PoolStats, StoreCounters, VmStats};
 pub use types::{
     EvictionOrder, Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind, VmId, VmWeights,

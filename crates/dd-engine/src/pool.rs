@@ -11,9 +11,12 @@
 //! * every entry is in the object index exactly once and linked in the queue of its location's tier;
 //! * `counters.<store>.used` equals the number of entries located in that store, and the mirrored atomic
 //!   `Pool::used` equals it whenever the lock is released;
-//! * the identity of `stats.rs` holds for both stores.
+//! * the identity of `stats.rs` holds for both stores;
+//! * a key with a remote record (`remote.rs`: pending or remotified) is not indexed, and
+//!   `counters.remote_pages` equals the number of remotified records.
 
 use crate::order::{OrderQueue, QPos, Queued, Slab};
+use crate::remote::{RemoteRef, RemoteState};
 use crate::stats::Counters;
 use crate::store::mem::FrameId;
 use crate::store::ssd::SlotId;
@@ -128,6 +131,12 @@ pub(crate) struct PoolInner {
     next_version: u64,
     /// Set by destroy: late operations that raced with the destroy must not insert.
     pub dead: bool,
+    /// object -> index -> record of keys evicted for remotification (`remote.rs`).
+    remote: Map<u64, Map<u64, RemoteState>>,
+    /// Pending records held (bounded by the cache so abandoned offers cannot grow it without limit).
+    pub pending_remote: usize,
+    /// Remote records removed under the lock whose pins the caller must release after unlocking.
+    pub released: Vec<RemoteRef>,
 }
 
 impl Pool {
@@ -153,6 +162,9 @@ impl Pool {
                 counters: Counters::default(),
                 next_version: 1,
                 dead: false,
+                remote: Map::default(),
+                pending_remote: 0,
+                released: Vec::new(),
             }),
             used: [AtomicU64::new(0), AtomicU64::new(0)],
             dedup_domain: AtomicU64::new(0),
@@ -217,6 +229,7 @@ impl PoolInner {
         how: Arrival,
         saving: Saving,
     ) -> Option<Loc> {
+        self.drop_remote(key);
         let version = self.next_version;
         self.next_version += 1;
         let id = self.slab.insert(Entry { key, loc, qpos: QPos::default(), seq, version });
@@ -249,6 +262,9 @@ impl PoolInner {
     /// removal (exclusive gets, flushes).
     /// `prefetch` is called with the page's location as soon as the index gives it.
     pub fn take(&mut self, key: Key, why: Departure, prefetch: impl FnOnce(Loc)) -> Option<Entry> {
+        if why == Departure::Flush {
+            self.drop_remote(key);
+        }
         let pages = self.objects.get_mut(&key.object)?;
         let Slot { id, loc } = pages.remove(&key.index)?;
         prefetch(loc);
@@ -364,6 +380,93 @@ impl PoolInner {
         self.queues[store.idx()].touch(&mut self.slab, id);
     }
 
+    /// Removes a key's remote record, if any; a remotified one goes to `released`.
+    pub fn drop_remote(&mut self, key: Key) {
+        let Some(pages) = self.remote.get_mut(&key.object) else { return };
+        let Some(st) = pages.remove(&key.index) else { return };
+        if pages.is_empty() {
+            self.remote.remove(&key.object);
+        }
+        self.forget(st);
+    }
+
+    /// Removes the remote records of an object (flush, migration).
+    pub fn drop_remote_object(&mut self, object: u64) {
+        if let Some(pages) = self.remote.remove(&object) {
+            for st in pages.into_values() {
+                self.forget(st);
+            }
+        }
+    }
+
+    /// Removes every remote record (destroy).
+    pub fn drop_all_remote(&mut self) {
+        for pages in std::mem::take(&mut self.remote).into_values() {
+            for st in pages.into_values() {
+                self.forget(st);
+            }
+        }
+    }
+
+    fn forget(&mut self, st: RemoteState) {
+        match st {
+            RemoteState::Pending(_) => self.pending_remote -= 1,
+            RemoteState::Remote(r) => {
+                self.counters.remote_pages -= 1;
+                self.released.push(r);
+            }
+        }
+    }
+
+    /// Records that `key` (just evicted) was offered for remotification under `token`.
+    pub fn set_pending(&mut self, key: Key, token: u64) {
+        let old = self.remote.entry(key.object).or_default().insert(key.index, RemoteState::Pending(token));
+        self.pending_remote += 1;
+        if let Some(st) = old {
+            self.forget(st);
+        }
+    }
+
+    /// Turns the pending record of `token` into a remote one. False when the key was put, flushed or
+    /// offered again since (the caller releases the pin).
+    pub fn install_remote(&mut self, key: Key, token: u64, r: RemoteRef) -> bool {
+        let Some(st) = self.remote.get_mut(&key.object).and_then(|o| o.get_mut(&key.index)) else {
+            return false;
+        };
+        if *st != RemoteState::Pending(token) {
+            return false;
+        }
+        *st = RemoteState::Remote(r);
+        self.pending_remote -= 1;
+        self.counters.remote_pages += 1;
+        self.counters.remotified += 1;
+        true
+    }
+
+    /// Drops the pending record of `token`, if it is still the key's record.
+    pub fn abandon_remote(&mut self, key: Key, token: u64) {
+        let pending = self.remote.get(&key.object).and_then(|o| o.get(&key.index)).copied();
+        if pending == Some(RemoteState::Pending(token)) {
+            self.drop_remote(key);
+        }
+    }
+
+    /// The remote record of a key that missed locally. An exclusive get removes it (the caller fetches
+    /// the page and then releases the pin); otherwise it stays.
+    pub fn take_remote(&mut self, key: Key, exclusive: bool) -> Option<RemoteRef> {
+        let st = *self.remote.get(&key.object)?.get(&key.index)?;
+        let RemoteState::Remote(r) = st else { return None };
+        if exclusive {
+            let pages = self.remote.get_mut(&key.object).expect("looked up above");
+            pages.remove(&key.index);
+            if pages.is_empty() {
+                self.remote.remove(&key.object);
+            }
+            self.counters.remote_pages -= 1;
+        }
+        Some(r)
+    }
+
     /// Verifies the pool's invariants; panics with a description when one is broken.
     pub fn check(&self) {
         let mut per_store = [0u64; 2];
@@ -379,6 +482,21 @@ impl PoolInner {
             }
         }
         assert_eq!(indexed, self.slab.len(), "slab and index disagree");
+        let (mut pending, mut remote) = (0usize, 0u64);
+        for (object, pages) in &self.remote {
+            for (index, st) in pages {
+                assert!(
+                    self.lookup(Key::new(*object, *index)).is_none(),
+                    "a remote record of an indexed key"
+                );
+                match st {
+                    RemoteState::Pending(_) => pending += 1,
+                    RemoteState::Remote(_) => remote += 1,
+                }
+            }
+        }
+        assert_eq!(pending, self.pending_remote, "pending remote records miscounted");
+        assert_eq!(remote, self.counters.remote_pages, "remote_pages disagrees with the records");
         for s in StoreKind::ALL {
             let c = self.counters.store(s);
             assert_eq!(c.used, per_store[s.idx()], "used counter of {s} disagrees with the index");

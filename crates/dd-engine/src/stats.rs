@@ -87,6 +87,19 @@ pub struct Counters {
     pub demotions: u64,
     /// Pages moved SSD -> memory.
     pub promotions: u64,
+    /// Evicted pages a peer confirmed holding and pinned (co-operative de-duplication, thesis 004
+    /// section 5.2.5): the entry now points at the peer.
+    #[serde(default)]
+    pub remotified: u64,
+    /// Remotified pages held now (no local memory).
+    #[serde(default)]
+    pub remote_pages: u64,
+    /// Local misses served by fetching a remotified page from its peer.
+    #[serde(default)]
+    pub remote_gets_hit: u64,
+    /// Remotified gets that failed (peer dead, restarted, timed out, page dropped or wrong hash).
+    #[serde(default)]
+    pub remote_gets_missed: u64,
 }
 
 impl Counters {
@@ -118,6 +131,10 @@ impl Counters {
         self.migrations_out += o.migrations_out;
         self.demotions += o.demotions;
         self.promotions += o.promotions;
+        self.remotified += o.remotified;
+        self.remote_pages += o.remote_pages;
+        self.remote_gets_hit += o.remote_gets_hit;
+        self.remote_gets_missed += o.remote_gets_missed;
     }
 }
 
@@ -161,6 +178,12 @@ pub struct HostStats {
     pub stores: Vec<StoreStatus>,
     pub vms: Vec<VmStats>,
     pub totals: Counters,
+    /// Pins this host holds for peers now (co-operative de-duplication).
+    #[serde(default)]
+    pub pins_held: u64,
+    /// Remote de-duplications: pins ever granted to peers (remote compares that matched).
+    #[serde(default)]
+    pub remote_dedups: u64,
 }
 
 #[cfg(test)]

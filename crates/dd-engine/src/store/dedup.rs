@@ -136,6 +136,15 @@ impl ContentIndex {
         false
     }
 
+    /// Content hashes of the indexed frames of one domain (the summary published to peers).
+    pub fn hashes(&self, domain: u64) -> Vec<u128> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            out.extend(s.lock().keys().filter(|(d, _)| *d == domain).map(|(_, h)| *h));
+        }
+        out
+    }
+
     /// Places held: distinct stored pages.
     pub fn frames(&self) -> u64 {
         self.frames.load(Ordering::Relaxed)

@@ -1,0 +1,149 @@
+//! The engine's side of co-operative de-duplication: pending records, installs, invalidation, pins.
+//! The sink here collects offers and releases in memory, standing in for the daemon's queue only; the
+//! network path is tested end to end with real daemons in `crates/doubledecker/tests/coop.rs`.
+
+use dd_engine::config::{Maintenance, MemStoreConfig};
+use dd_engine::{
+    Cache, EngineConfig, Evicted, GetOutcome, Key, PoolOptions, RemoteRef, RemoteSink, Spec, VmId, VmWeights,
+};
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+#[derive(Debug, Default)]
+struct Collect {
+    offers: Mutex<Vec<Evicted>>,
+    released: Mutex<Vec<RemoteRef>>,
+}
+
+impl RemoteSink for Collect {
+    fn offer(&self, page: Evicted) -> bool {
+        self.offers.lock().push(page);
+        true
+    }
+    fn release(&self, r: RemoteRef) {
+        self.released.lock().push(r);
+    }
+}
+
+const PS: usize = 4096;
+
+fn page(seed: u64) -> Vec<u8> {
+    (0..PS).map(|i| (seed.wrapping_mul(2654435761).wrapping_add(i as u64 * 7) >> 3) as u8).collect()
+}
+
+fn cache(frames: u64) -> Cache {
+    let cfg = EngineConfig {
+        maintenance: Maintenance::Inline,
+        eviction_batch_bytes: PS as u64,
+        mem: MemStoreConfig { capacity_bytes: frames * PS as u64, dedup: true, ..Default::default() },
+        ..Default::default()
+    };
+    Cache::new(cfg).unwrap()
+}
+
+fn rref(pin: u64, data: &[u8]) -> RemoteRef {
+    RemoteRef { peer: 0, epoch: 9, pin, hash: xxhash_rust::xxh3::xxh3_128(data) }
+}
+
+#[test]
+fn evicted_unique_pages_are_offered_and_installed_records_invalidate_on_put() {
+    let c = cache(4);
+    let sink = Arc::new(Collect::default());
+    assert!(c.set_remote_sink(sink.clone()));
+    let vm = VmId(1);
+    c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+    // Two keys share one frame: evicting one of them offers nothing (the frame stays for the other).
+    c.put(vm, pool, Key::new(1, 0), &page(100)).unwrap();
+    c.put(vm, pool, Key::new(1, 1), &page(100)).unwrap();
+    for i in 0..4 {
+        c.put(vm, pool, Key::new(2, i), &page(i)).unwrap();
+    }
+    c.check_invariants().unwrap();
+    let offers: Vec<Evicted> = std::mem::take(&mut *sink.offers.lock());
+    // Key (1,0) was evicted while (1,1) still shared its frame: not offered; (1,1) then was.
+    assert_eq!(offers.len(), 1, "{offers:?}");
+    let o = &offers[0];
+    assert_eq!(o.key, Key::new(1, 1));
+    assert_eq!(&*o.data, &page(100)[..]);
+    assert!(c.install_remote(vm, pool, o.key, o.token, rref(5, &o.data)));
+    assert!(!c.install_remote(vm, pool, o.key, o.token, rref(6, &o.data)), "a token installs once");
+    let st = c.pool_stats(vm, pool).unwrap();
+    assert_eq!((st.counters.remotified, st.counters.remote_pages), (1, 1));
+    let mut out = vec![0u8; PS];
+    assert_eq!(c.get_or_remote(vm, pool, Key::new(1, 0), &mut out).unwrap(), GetOutcome::Miss);
+    // A put replaces the remote record: the pin is released and a get never sees the old copy.
+    c.put(vm, pool, Key::new(1, 1), &page(7)).unwrap();
+    assert_eq!(sink.released.lock().as_slice(), &[rref(5, &page(100))]);
+    assert_eq!(c.get_or_remote(vm, pool, Key::new(1, 1), &mut out).unwrap(), GetOutcome::Hit);
+    assert_eq!(out, page(7));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn stale_tokens_never_install_and_exclusive_gets_take_the_record() {
+    let c = cache(2);
+    let sink = Arc::new(Collect::default());
+    assert!(c.set_remote_sink(sink.clone()));
+    let vm = VmId(1);
+    c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+    for i in 0..6 {
+        c.put(vm, pool, Key::new(3, i), &page(10 + i)).unwrap();
+    }
+    let offers: Vec<Evicted> = std::mem::take(&mut *sink.offers.lock());
+    assert_eq!(offers.len(), 4);
+    // Flushed after the offer: the install must fail.
+    c.flush_page(vm, pool, offers[0].key).unwrap();
+    assert!(!c.install_remote(vm, pool, offers[0].key, offers[0].token, rref(1, &offers[0].data)));
+    // Re-put after the offer: fails too.
+    c.put(vm, pool, offers[1].key, &page(99)).unwrap();
+    assert!(!c.install_remote(vm, pool, offers[1].key, offers[1].token, rref(2, &offers[1].data)));
+    // Abandoned: gone, a later install fails.
+    c.abandon_remote(vm, pool, offers[2].key, offers[2].token);
+    assert!(!c.install_remote(vm, pool, offers[2].key, offers[2].token, rref(3, &offers[2].data)));
+    // Installed, then an exclusive get takes it (once).
+    let o = &offers[3];
+    assert!(c.install_remote(vm, pool, o.key, o.token, rref(4, &o.data)));
+    let mut out = vec![0u8; PS];
+    assert_eq!(c.get_or_remote(vm, pool, o.key, &mut out).unwrap(), GetOutcome::Remote(rref(4, &o.data)));
+    assert_eq!(c.get_or_remote(vm, pool, o.key, &mut out).unwrap(), GetOutcome::Miss);
+    c.record_remote_get(vm, pool, true);
+    let st = c.pool_stats(vm, pool).unwrap();
+    assert_eq!((st.counters.remotified, st.counters.remote_pages, st.counters.remote_gets_hit), (1, 0, 1));
+    c.check_invariants().unwrap();
+    // Destroying the pool releases nothing more (no remote record left) and keeps the store consistent.
+    c.destroy_pool(vm, pool).unwrap();
+    assert!(sink.released.lock().is_empty());
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn pins_keep_a_frame_after_its_last_local_page_is_gone() {
+    let c = cache(4);
+    let vm = VmId(1);
+    c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+    let p = page(42);
+    let h = xxhash_rust::xxh3::xxh3_128(&p);
+    assert_eq!(c.pin(h, &p), None, "nothing to pin yet");
+    c.put(vm, pool, Key::new(1, 1), &p).unwrap();
+    assert_eq!(c.pin(h, &page(43)), None, "a hash that does not match the bytes is refused");
+    let mut other = p.clone();
+    other[0] ^= 1;
+    assert_eq!(c.pin(xxhash_rust::xxh3::xxh3_128(&other), &other), None, "different bytes never pin");
+    let pin = c.pin(h, &p).expect("equal bytes pin");
+    assert_eq!(c.content_hashes(), vec![h]);
+    c.flush_page(vm, pool, Key::new(1, 1)).unwrap();
+    c.check_invariants().unwrap();
+    let mut out = vec![0u8; PS];
+    assert!(c.read_pin(pin, &mut out));
+    assert_eq!(out, p);
+    assert_eq!(c.host_stats().pins_held, 1);
+    assert_eq!(c.host_stats().remote_dedups, 1);
+    assert!(c.unpin(pin));
+    assert!(!c.unpin(pin));
+    assert!(!c.read_pin(pin, &mut out));
+    assert_eq!(c.host_stats().stores[0].used_pages, 0, "the frame was freed with the last pin");
+    c.check_invariants().unwrap();
+}
