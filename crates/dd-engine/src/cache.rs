@@ -722,16 +722,22 @@ impl Cache {
             return Ok(GetOutcome::Hit);
         }
         Ok(match self.take_remote(vm, pool, key)? {
-            Some(r) => GetOutcome::Remote(r),
+            Some((r, _)) => GetOutcome::Remote(r),
             None => GetOutcome::Miss,
         })
     }
 
-    /// The remote record of a key that just missed locally (see [`Self::get_or_remote`]).
-    pub fn take_remote(&self, vm: VmId, pool: PoolId, key: Key) -> Result<Option<RemoteRef>, CacheError> {
+    /// The remote record of a key that just missed locally (see [`Self::get_or_remote`]), and whether
+    /// it was removed (exclusive pools): then the caller releases the pin once it has fetched the page.
+    pub fn take_remote(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        key: Key,
+    ) -> Result<Option<(RemoteRef, bool)>, CacheError> {
         let p = self.shared.pool(vm, pool)?;
         let mut g = p.inner.lock();
-        Ok(g.take_remote(key, p.exclusive_gets))
+        Ok(g.take_remote(key, p.exclusive_gets).map(|r| (r, p.exclusive_gets)))
     }
 
     /// Counts the result of fetching a remotified page for a pool's statistics.

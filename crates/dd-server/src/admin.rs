@@ -118,6 +118,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/host", get(get_host).patch(patch_host))
         .route("/v1/stats", get(host_stats))
+        .route("/v1/host/coop", get(coop_report))
+        .route("/v1/host/coop/publish", axum::routing::post(coop_publish))
         .route("/v1/vms", get(list_vms).post(add_vm))
         .route("/v1/vms/{vm}", get(get_vm).delete(remove_vm))
         .route("/v1/vms/{vm}/weights", put(set_weights))
@@ -140,9 +142,12 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn metrics(State(s): St, headers: HeaderMap) -> ApiResult<Response> {
     host_auth(&s, &headers)?;
     let st = s.clone();
-    let text = tokio::task::spawn_blocking(move || st.metrics.render(&st.cache.host_stats()))
-        .await
-        .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let text = tokio::task::spawn_blocking(move || {
+        let coop = st.coop.get().map(|c| c.report());
+        st.metrics.render(&st.cache.host_stats(), coop.as_ref())
+    })
+    .await
+    .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
         .into_response())
 }
@@ -232,6 +237,34 @@ async fn patch_host(
 async fn host_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::HostStats>> {
     host_auth(&s, &headers)?;
     Ok(Json(blocking(&s, |s| Ok(s.cache.host_stats())).await?))
+}
+
+fn coop_of(s: &ServerState) -> ApiResult<std::sync::Arc<crate::coop::Coop>> {
+    s.coop
+        .get()
+        .cloned()
+        .ok_or_else(|| err(StatusCode::NOT_FOUND, "not_found", "co-operative de-duplication is not enabled"))
+}
+
+async fn coop_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<crate::coop::CoopReport>> {
+    host_auth(&s, &headers)?;
+    Ok(Json(coop_of(&s)?.report()))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PublishResult {
+    /// Peers that accepted the summary.
+    pub peers_reached: usize,
+}
+
+/// Rebuilds and pushes the summary now (tests and operators; the periodic publication goes on).
+async fn coop_publish(State(s): St, headers: HeaderMap) -> ApiResult<Json<PublishResult>> {
+    host_auth(&s, &headers)?;
+    let c = coop_of(&s)?;
+    let n = tokio::task::spawn_blocking(move || c.publish())
+        .await
+        .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(Json(PublishResult { peers_reached: n }))
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -29,6 +29,8 @@ pub struct ServerConfig {
     pub limits: LimitsConfig,
     pub auth: AuthConfig,
     pub engine: EngineConfig,
+    /// Co-operative de-duplication with peer daemons (thesis 004, chapter 5). Default off.
+    pub coop: CoopConfig,
     /// VMs registered at start. Default none.
     #[serde(default)]
     pub vms: Vec<VmConfig>,
@@ -67,6 +69,74 @@ pub struct AuthConfig {
     pub host_admin_token: String,
     /// Relative to `data_dir`. Default `admin.token`.
     pub token_file: PathBuf,
+}
+
+/// Co-operative de-duplication between daemons (`coop` module, `docs/protocol.md` "Peer protocol").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoopConfig {
+    /// Default false. Needs `engine.mem.dedup = true` (remote compares use the content index).
+    pub enabled: bool,
+    /// Address of the peer listener (peer traffic only, never guests). Default `127.0.0.1:7413`.
+    pub listen: String,
+    /// This daemon's name among its peers; empty: the `listen` address. Default empty.
+    pub node_name: String,
+    /// Shared secret every peer presents in its HELLO (at least 16 characters when enabled). Default
+    /// empty.
+    pub peer_secret: String,
+    /// Where the peer list comes from: `static` (`peers` below) or `etcd`. Default `static`.
+    pub membership: Membership,
+    /// Static membership: the other daemons. Default none.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+    /// How often the summary is rebuilt and pushed to every peer. Default 120000 (120 s).
+    pub publish_interval_ms: u64,
+    /// Bound on one peer request (write + read), e.g. a remotified get. Default 500.
+    pub request_timeout_ms: u64,
+    /// Bound on connecting to a peer. Default 500.
+    pub connect_timeout_ms: u64,
+    /// After a failed request a peer is skipped for this long (gets miss at once). Default 1000.
+    pub peer_backoff_ms: u64,
+    /// Evicted pages waiting for remotification; beyond it evictions are plain. Default 4096.
+    pub remotify_queue_pages: usize,
+    /// Pins this daemon holds for all peers together; further compares are refused. Default 262144.
+    pub max_pins: u64,
+    /// Pins of a peer not heard from for this long are released (dead peer). Default 360000
+    /// (three publication periods).
+    pub pin_ttl_ms: u64,
+    /// The summary: `m_bits`, `k_hashes`, `removal` (`no-unset` or `counting`). Default 8 Mi bits, 7.
+    pub bloom: dd_coop::BloomConfig,
+    pub etcd: EtcdConfig,
+}
+
+/// How peers are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Membership {
+    Static,
+    Etcd,
+}
+
+/// One peer of the static membership.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The peer's `coop.node_name`.
+    pub name: String,
+    /// The peer's `coop.listen` address.
+    pub addr: String,
+}
+
+/// etcd membership: each daemon keeps `prefix + node_name -> listen address` under a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// etcd's v3 JSON gateway. Default `http://127.0.0.1:2379`.
+    pub endpoint: String,
+    /// Default `/doubledecker/peers/`.
+    pub prefix: String,
+    /// Lease time to live; a daemon that stops renewing drops out after it. Default 10.
+    pub lease_ttl_s: u64,
 }
 
 /// A VM registered from the configuration file.
@@ -225,6 +295,7 @@ impl ServerConfig {
         if self.auth.host_admin_token.is_empty() && self.auth.token_file.as_os_str().is_empty() {
             return Err(invalid("auth.token_file", "needed when auth.host_admin_token is empty"));
         }
+        self.validate_coop()?;
         let mut ids = std::collections::HashSet::new();
         let mut tokens = std::collections::HashSet::new();
         tokens.insert(self.auth.host_admin_token.clone());
@@ -245,6 +316,76 @@ impl ServerConfig {
                     return Err(invalid(format!("vms[{i}].{name}"), "above 1 000 000"));
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// The name this daemon goes by among its peers.
+    pub fn coop_node_name(&self) -> String {
+        if self.coop.node_name.is_empty() {
+            self.coop.listen.clone()
+        } else {
+            self.coop.node_name.clone()
+        }
+    }
+
+    fn validate_coop(&self) -> Result<(), ServerError> {
+        let c = &self.coop;
+        c.bloom.validate().map_err(|e| match e {
+            dd_coop::bloom::BloomError::Invalid { field, reason } => {
+                invalid(format!("coop.bloom.{field}"), reason)
+            }
+            other => invalid("coop.bloom", other.to_string()),
+        })?;
+        if c.bloom.m_bits > 1 << 29 {
+            return Err(invalid("coop.bloom.m_bits", "above 2^29 (a 64 MiB summary)"));
+        }
+        for (field, v) in [
+            ("coop.publish_interval_ms", c.publish_interval_ms),
+            ("coop.request_timeout_ms", c.request_timeout_ms),
+            ("coop.connect_timeout_ms", c.connect_timeout_ms),
+            ("coop.pin_ttl_ms", c.pin_ttl_ms),
+            ("coop.etcd.lease_ttl_s", c.etcd.lease_ttl_s),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, "must be at least 1"));
+            }
+        }
+        if !c.enabled {
+            return Ok(());
+        }
+        if !self.engine.mem.dedup {
+            return Err(invalid("coop.enabled", "needs engine.mem.dedup = true"));
+        }
+        c.listen
+            .parse::<SocketAddr>()
+            .map_err(|_| invalid("coop.listen", "not an address like 127.0.0.1:7413"))?;
+        if c.peer_secret.len() < MIN_TOKEN_LEN {
+            return Err(invalid("coop.peer_secret", "shorter than 16 characters"));
+        }
+        let me = self.coop_node_name();
+        if me.len() > dd_coop::wire::MAX_NAME {
+            return Err(invalid("coop.node_name", "longer than 255 bytes"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, p) in c.peers.iter().enumerate() {
+            if p.name.is_empty() || p.name.len() > dd_coop::wire::MAX_NAME {
+                return Err(invalid(format!("coop.peers[{i}].name"), "must be 1 to 255 bytes"));
+            }
+            if p.name == me || !names.insert(p.name.clone()) {
+                return Err(invalid(
+                    format!("coop.peers[{i}].name"),
+                    "names this daemon or another peer twice",
+                ));
+            }
+            p.addr.parse::<SocketAddr>().map_err(|_| {
+                invalid(format!("coop.peers[{i}].addr"), "not an address like 127.0.0.1:7413")
+            })?;
+        }
+        if c.membership == Membership::Etcd && !c.etcd.endpoint.starts_with("http://") {
+            return Err(invalid("coop.etcd.endpoint", "must be an http:// URL"));
         }
         Ok(())
     }
@@ -293,6 +434,18 @@ mod tests {
                 "vms[0].admin_token",
             ),
             ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
+            ("[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"", "coop.enabled"),
+            (
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"short\"",
+                "coop.peer_secret",
+            ),
+            (
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"\n\
+                 [[coop.peers]]\nname = \"b\"\naddr = \"nowhere\"",
+                "coop.peers[0].addr",
+            ),
+            ("[coop.bloom]\nm_bits = 100", "coop.bloom.m_bits"),
+            ("[coop]\npublish_interval_ms = 0", "coop.publish_interval_ms"),
         ];
         for (text, field) in cases {
             assert_eq!(field_of(ServerConfig::from_toml(text).unwrap_err()), field, "{text}");

@@ -8,6 +8,10 @@
 //!
 //! Invariants: exactly one response frame is appended to `out` per call (the session rules say when the
 //! connection closes after it); nothing here panics on any input; a failed request has no effect.
+//!
+//! I/O: none, except that with co-operative de-duplication a get that misses locally on a remotified
+//! page fetches it from its peer ([`crate::coop::Coop::fetch`], bounded by the request timeout; the
+//! connection loop runs handlers inside `block_in_place` then). No engine lock is held meanwhile.
 
 use crate::state::ServerState;
 use dd_engine::{CacheError, Key, PoolId, VmId};
@@ -181,7 +185,10 @@ fn dispatch(
             out.push(1);
             let at = out.len();
             out.resize(at + ps, 0);
-            match cache.get(vm, pool, key, &mut out[at..]) {
+            match cache.get(vm, pool, key, &mut out[at..]).and_then(|hit| match hit {
+                true => Ok(true),
+                false => remote_get(state, vm, pool, key, &mut out[at..]),
+            }) {
                 Ok(true) => {}
                 Ok(false) => {
                     out.truncate(at);
@@ -227,6 +234,25 @@ fn dispatch(
     Ok(())
 }
 
+/// A local miss: if the key was remotified, fetch it from its peer (a miss on any failure). An
+/// exclusive pool forgot the record when it was taken, so the pin is released afterwards.
+fn remote_get(
+    state: &ServerState,
+    vm: VmId,
+    pool: PoolId,
+    key: Key,
+    out: &mut [u8],
+) -> Result<bool, CacheError> {
+    let Some(coop) = state.coop.get() else { return Ok(false) };
+    let Some((r, removed)) = state.cache.take_remote(vm, pool, key)? else { return Ok(false) };
+    let hit = coop.fetch(&r, out);
+    state.cache.record_remote_get(vm, pool, hit);
+    if removed {
+        coop.release(r);
+    }
+    Ok(hit)
+}
+
 fn internal(e: impl std::fmt::Display) -> Failure {
     Failure::Proto(Status::INTERNAL, e.to_string())
 }
@@ -251,13 +277,21 @@ fn get_batch(
     out.resize(flags_at + n, 0);
     let pages_at = out.len();
     out.resize(pages_at + n * ps, 0);
-    let hits = match state.cache.get_batch(vm, pool, &ks, &mut out[pages_at..]) {
+    let mut hits = match state.cache.get_batch(vm, pool, &ks, &mut out[pages_at..]) {
         Ok(hits) => hits,
         Err(e) => {
             out.truncate(start);
             return Err(e.into());
         }
     };
+    if state.coop.get().is_some() {
+        for (i, hit) in hits.iter_mut().enumerate() {
+            if !*hit {
+                let page = &mut out[pages_at + i * ps..pages_at + (i + 1) * ps];
+                *hit = remote_get(state, vm, pool, ks[i], page).unwrap_or(false);
+            }
+        }
+    }
     let mut w = pages_at;
     for (i, hit) in hits.iter().enumerate() {
         out[flags_at + i] = *hit as u8;

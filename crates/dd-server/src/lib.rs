@@ -6,8 +6,10 @@
 //!
 //! Module map: [`config`] (serde configuration, embedded default, `validate()`), [`auth`] (tokens,
 //! constant-time checks), [`state`] (what every part shares, lock order), [`handler`] (one frame in,
-//! one response out, no I/O: the fuzz target drives it), [`net`] (listeners, connection loop, per
-//! connection bounds, blocking policy), [`admin`] (axum routes), [`metrics`].
+//! one response out, no I/O but a remotified get's bounded peer fetch: the fuzz target drives it),
+//! [`net`] (listeners, connection loop, per connection bounds, blocking policy), [`admin`] (axum
+//! routes), [`metrics`], [`coop`] (co-operative de-duplication: peer listener, client, remotifier,
+//! summary publisher).
 //!
 //! Shutdown order ([`run`]): stop accepting, tell every connection to finish the frames it holds and
 //! close, wait for them (bounded by `limits.drain_timeout_ms`), stop the admin API, quiesce the engine
@@ -16,6 +18,7 @@
 pub mod admin;
 pub mod auth;
 pub mod config;
+pub mod coop;
 pub mod handler;
 pub mod metrics;
 pub mod net;
@@ -66,6 +69,9 @@ pub struct Bound {
     pub unix: Option<PathBuf>,
     pub admin: SocketAddr,
     pub pid: u32,
+    /// The peer listener of co-operative de-duplication, when enabled.
+    #[serde(default)]
+    pub coop: Option<SocketAddr>,
     /// Where the host admin token was read from or written to (absent when it came from the config).
     pub token_file: Option<PathBuf>,
 }
@@ -120,6 +126,50 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Accepts TCP streams (with `TCP_NODELAY`: requests and responses are small and latency-bound).
+fn accept_tcp(
+    l: Arc<TcpListener>,
+) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = std::io::Result<tokio::net::TcpStream>> + Send>>
+       + Send
+       + 'static {
+    move || {
+        let l = l.clone();
+        Box::pin(async move {
+            let (s, _) = l.accept().await?;
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        })
+    }
+}
+
+/// Runs an accept loop until `stop` changes: every accepted stream goes to `on_accept`; an accept error
+/// (e.g. out of file descriptors) is logged and retried after a short pause.
+fn spawn_accept_loop<S, Fut>(
+    what: &'static str,
+    mut stop: watch::Receiver<bool>,
+    mut accept: impl FnMut() -> Fut + Send + 'static,
+    mut on_accept: impl FnMut(S) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    Fut: Future<Output = std::io::Result<S>> + Send,
+    S: Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                r = accept() => match r {
+                    Ok(s) => on_accept(s),
+                    Err(e) => {
+                        tracing::warn!("{what} accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                _ = stop.changed() => return,
+            }
+        }
+    })
+}
+
 /// Runs the daemon until `shutdown` completes, then shuts down gracefully. `on_ready` is called once
 /// every listener is bound.
 pub async fn run(
@@ -164,7 +214,17 @@ pub async fn run(
         addr: cfg.listen.admin.clone(),
         source,
     })?;
+    let coop_listener = if cfg.coop.enabled {
+        Some(TcpListener::bind(&cfg.coop.listen).await.map_err(|source| ServerError::Bind {
+            what: "coop.listen",
+            addr: cfg.coop.listen.clone(),
+            source,
+        })?)
+    } else {
+        None
+    };
     let bound = Bound {
+        coop: coop_listener.as_ref().and_then(|l| l.local_addr().ok()),
         tcp: tcp.as_ref().and_then(|l| l.local_addr().ok()),
         unix: unix_path.clone(),
         admin: admin_listener.local_addr().map_err(|e| ServerError::Io(e.to_string()))?,
@@ -178,44 +238,44 @@ pub async fn run(
     let mut accept_tasks = Vec::new();
     if let Some(l) = tcp {
         let (state, stop, done) = (state.clone(), stop_rx.clone(), done_tx.clone());
-        accept_tasks.push(tokio::spawn(async move {
-            let mut stop2 = stop.clone();
-            loop {
-                tokio::select! {
-                    r = l.accept() => match r {
-                        Ok((s, _)) => {
-                            let _ = s.set_nodelay(true);
-                            net::spawn_connection(&state, s, stop.clone(), done.clone());
-                        }
-                        Err(e) => {
-                            tracing::warn!("tcp accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    },
-                    _ = stop2.changed() => return,
-                }
-            }
+        let l = Arc::new(l);
+        accept_tasks.push(spawn_accept_loop("tcp", stop_rx.clone(), accept_tcp(l), move |s| {
+            net::spawn_connection(&state, s, stop.clone(), done.clone())
         }));
     }
     if let Some(l) = unix {
         let (state, stop, done) = (state.clone(), stop_rx.clone(), done_tx.clone());
+        let l = Arc::new(l);
+        let accept = move || {
+            let l = l.clone();
+            async move { l.accept().await.map(|(s, _)| s) }
+        };
+        accept_tasks.push(spawn_accept_loop("unix", stop_rx.clone(), accept, move |s| {
+            net::spawn_connection(&state, s, stop.clone(), done.clone())
+        }));
+    }
+    drop(done_tx);
+
+    if let Some(l) = coop_listener {
+        let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name())?;
+        let _ = state.coop.set(coop.clone());
+        let (st, c, stop) = (state.clone(), coop.clone(), stop_rx.clone());
+        accept_tasks.push(spawn_accept_loop("coop", stop_rx.clone(), accept_tcp(Arc::new(l)), move |s| {
+            tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone()));
+        }));
+        let (c, mut stop, period) =
+            (coop.clone(), stop_rx.clone(), Duration::from_millis(cfg.coop.publish_interval_ms));
         accept_tasks.push(tokio::spawn(async move {
-            let mut stop2 = stop.clone();
             loop {
+                let c2 = c.clone();
+                let _ = tokio::task::spawn_blocking(move || c2.publish()).await;
                 tokio::select! {
-                    r = l.accept() => match r {
-                        Ok((s, _)) => net::spawn_connection(&state, s, stop.clone(), done.clone()),
-                        Err(e) => {
-                            tracing::warn!("unix accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    },
-                    _ = stop2.changed() => return,
+                    _ = tokio::time::sleep(period) => {}
+                    _ = stop.changed() => return,
                 }
             }
         }));
     }
-    drop(done_tx);
 
     let router = admin::router(state.clone());
     let mut admin_stop = stop_rx.clone();
@@ -244,6 +304,9 @@ pub async fn run(
         tracing::warn!("connections still open after {drain:?}; closing anyway");
     }
     let _ = tokio::time::timeout(drain, admin_task).await;
+    if let Some(c) = state.coop.get() {
+        c.close();
+    }
     let st = state.clone();
     let _ = tokio::task::spawn_blocking(move || st.cache.quiesce()).await;
     if let Some(p) = unix_path {

@@ -74,7 +74,7 @@ impl Metrics {
     }
 
     /// Renders every metric in the Prometheus text format.
-    pub fn render(&self, stats: &HostStats) -> String {
+    pub fn render(&self, stats: &HostStats, coop: Option<&crate::coop::CoopReport>) -> String {
         let mut reg = Registry::default();
         let requests = Family::<Labels, Counter>::default();
         for o in 0..OP_SLOTS {
@@ -136,6 +136,10 @@ impl Metrics {
         let pool_evictions = Family::<Labels, Counter>::default();
         let pool_misses = Family::<Labels, Counter>::default();
         let pool_refused = Family::<Labels, Counter>::default();
+        let pool_remotified = Family::<Labels, Counter>::default();
+        let pool_remote_pages = Family::<Labels, Gauge>::default();
+        let pool_remote_hits = Family::<Labels, Counter>::default();
+        let pool_remote_misses = Family::<Labels, Counter>::default();
         let vm_used = Family::<Labels, Gauge>::default();
         let vm_ent = Family::<Labels, Gauge>::default();
         for vm in &stats.vms {
@@ -144,6 +148,10 @@ impl Metrics {
                     vec![("vm".to_string(), vm.vm.to_string()), ("pool".to_string(), p.pool.to_string())];
                 pool_misses.get_or_create(&base).inc_by(p.counters.gets_missed);
                 pool_refused.get_or_create(&base).inc_by(p.counters.puts_refused);
+                pool_remotified.get_or_create(&base).inc_by(p.counters.remotified);
+                pool_remote_pages.get_or_create(&base).set(p.counters.remote_pages as i64);
+                pool_remote_hits.get_or_create(&base).inc_by(p.counters.remote_gets_hit);
+                pool_remote_misses.get_or_create(&base).inc_by(p.counters.remote_gets_missed);
                 for s in dd_engine::StoreKind::ALL {
                     let c = p.counters.store(s);
                     let mut l = base.clone();
@@ -173,6 +181,49 @@ impl Metrics {
         reg.register("dd_pool_puts_refused", "Puts not stored", pool_refused);
         reg.register("dd_vm_used_pages", "Pages a VM holds per store", vm_used);
         reg.register("dd_vm_entitlement_pages", "A VM's entitlement per store", vm_ent);
+        reg.register("dd_pool_remotified", "Evicted pages remotified to a peer", pool_remotified);
+        reg.register("dd_pool_remote_pages", "Remotified pages a pool refers to now", pool_remote_pages);
+        reg.register("dd_pool_remote_gets_hit", "Remotified gets served by a peer", pool_remote_hits);
+        reg.register("dd_pool_remote_gets_missed", "Remotified gets that missed", pool_remote_misses);
+        reg.register(
+            "dd_pins_held",
+            "Pins held for peers (co-operative de-duplication)",
+            gauge(stats.pins_held),
+        );
+        reg.register(
+            "dd_remote_dedups",
+            "Remote compares that matched and pinned a frame",
+            counter(stats.remote_dedups),
+        );
+        if let Some(c) = coop {
+            for (name, help, v) in [
+                ("dd_coop_offered", "Evicted pages queued for remotification", c.offered),
+                ("dd_coop_dropped", "Evicted pages not queued (queue full)", c.dropped),
+                ("dd_coop_no_candidate", "Offers no peer summary matched", c.no_candidate),
+                (
+                    "dd_coop_compare_mismatches",
+                    "Remote compares that found no equal frame",
+                    c.compare_mismatches,
+                ),
+                ("dd_coop_remotify_errors", "Offers whose compares failed on the network", c.remotify_errors),
+                ("dd_coop_summaries_sent", "Summaries pushed to peers", c.summaries_sent),
+                ("dd_coop_summaries_received", "Summaries received from peers", c.summaries_received),
+                ("dd_coop_unpins_sent", "Pins released on peers", c.unpins_sent),
+                (
+                    "dd_coop_pins_released_epoch",
+                    "Pins released because their peer restarted",
+                    c.pins_released_epoch,
+                ),
+                (
+                    "dd_coop_pins_released_ttl",
+                    "Pins released because their peer went silent",
+                    c.pins_released_ttl,
+                ),
+            ] {
+                reg.register(name, help, counter(v));
+            }
+            reg.register("dd_coop_queued", "Evicted pages waiting for remotification", gauge(c.queued));
+        }
 
         let mut out = String::new();
         encode(&mut out, &reg).expect("writing to a String cannot fail");

@@ -12,7 +12,9 @@
 //! Blocking: engine calls are synchronous. Memory-store operations take microseconds and run on the
 //! connection task. When an SSD store is configured an operation may wait for a read (or a full
 //! write-behind queue), so each burst of frames is handled inside `tokio::task::block_in_place`, which
-//! hands the worker's other tasks to another thread for the duration instead of stalling them.
+//! hands the worker's other tasks to another thread for the duration instead of stalling them. The same
+//! holds with co-operative de-duplication on: a remotified get waits (bounded by
+//! `coop.request_timeout_ms`) for a peer.
 //!
 //! Shutdown: on the shutdown signal a connection stops reading, finishes the frames it already holds,
 //! writes their responses and closes.
@@ -91,7 +93,7 @@ async fn serve_connection<S>(
         // Handle every complete frame in the buffer, writing whenever the output passes its bound.
         let mut consumed = 0;
         loop {
-            let (used, flow) = if state.has_ssd {
+            let (used, flow) = if state.has_ssd || state.coop_enabled {
                 tokio::task::block_in_place(|| process(&state, &mut sess, &inbuf[consumed..], &mut out))
             } else {
                 process(&state, &mut sess, &inbuf[consumed..], &mut out)

@@ -26,6 +26,11 @@ pub struct ServerState {
     /// Whether engine calls may block on SSD I/O (decides whether connection tasks use
     /// `block_in_place`).
     pub has_ssd: bool,
+    /// Co-operative de-duplication is configured: gets may wait (bounded) for a peer, so connection
+    /// tasks use `block_in_place` too.
+    pub coop_enabled: bool,
+    /// The co-operative layer, once started by [`crate::run`].
+    pub coop: std::sync::OnceLock<std::sync::Arc<crate::coop::Coop>>,
     shutting_down: AtomicBool,
 }
 
@@ -44,6 +49,8 @@ impl ServerState {
             max_connections: cfg.limits.max_connections,
             write_buffer_bytes: cfg.limits.write_buffer_bytes,
             has_ssd,
+            coop_enabled: cfg.coop.enabled,
+            coop: std::sync::OnceLock::new(),
             shutting_down: AtomicBool::new(false),
         };
         for vm in &cfg.vms {

@@ -108,7 +108,9 @@ fn admin_api_matches_its_openapi_document() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/admin-api.yaml")).unwrap();
     let doc: Value = serde_yaml::from_str(&text).unwrap();
     let v1 = vm(1);
-    let d = Daemon::start(&[&v1], "");
+    // Co-operative de-duplication on (no peers) so its routes answer 200.
+    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\npeer_secret = \"peer-secret-0123456789\"\n";
+    let d = Daemon::start_with(&[&v1], "", "capacity_bytes = 16777216\ndedup = true\n", coop);
     let mut c = Checker { doc, d, covered: BTreeSet::new() };
     let h = Some(HOST_TOKEN);
     let t1 = Some(v1.admin_token.as_str());
@@ -154,6 +156,10 @@ fn admin_api_matches_its_openapi_document() {
     assert_eq!(c.call("GET", "/v1/vm/stats", None, None).0, 401);
     let (s, stats) = c.call("GET", "/v1/stats", h, None);
     assert_eq!((s, stats["vms"].as_array().unwrap().len()), (200, 2));
+    let (s, r) = c.call("GET", "/v1/host/coop", h, None);
+    assert_eq!((s, r["peers"].as_array().unwrap().len()), (200, 0));
+    assert_eq!(c.call("GET", "/v1/host/coop", t1, None).0, 401);
+    assert_eq!(c.call("POST", "/v1/host/coop/publish", h, None).1["peers_reached"], 0);
     let (s, m) = c.call("GET", "/metrics", h, None);
     assert_eq!(s, 200);
     assert!(m.as_str().unwrap().contains("dd_pool_used_pages"));

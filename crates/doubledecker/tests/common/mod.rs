@@ -33,11 +33,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a daemon with `vms` registered and `extra` TOML appended to the test configuration.
     pub fn start(vms: &[&TestVm], extra: &str) -> Daemon {
+        Daemon::start_with(vms, "", "capacity_bytes = 16777216\n", extra)
+    }
+
+    /// [`Daemon::start`] with top-level keys `top` (before any table) and the `[engine.mem]` table's
+    /// body `mem` chosen by the test.
+    pub fn start_with(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut cfg = format!(
-            "data_dir = {:?}\n[listen]\nunix_socket = \"dd.sock\"\ntcp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
-             ready_file = {:?}\n[auth]\nhost_admin_token = {HOST_TOKEN:?}\n[engine.mem]\ncapacity_bytes = 16777216\n\
+            "data_dir = {:?}\n{top}[listen]\nunix_socket = \"dd.sock\"\ntcp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             ready_file = {:?}\n[auth]\nhost_admin_token = {HOST_TOKEN:?}\n[engine.mem]\n{mem}\
              [engine.ssd]\ncapacity_bytes = 16777216\n",
             dir.path().display().to_string(),
             ready.display().to_string()

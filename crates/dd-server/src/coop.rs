@@ -1,0 +1,876 @@
+//! Co-operative de-duplication between daemons (thesis 004, chapter 5; SPEC section 9): the peer
+//! listener, the peer client, the remotifier and the summary publisher.
+//!
+//! * **Peer listener** (`coop.listen`, tokio): peers authenticate with the shared `peer_secret` in a
+//!   HELLO that also carries their name and restart epoch; then they push summaries, ask for remote
+//!   compares (this daemon pins an equal frame for them, Algorithm 4), fetch pinned pages and unpin.
+//! * **Remotifier** (thread `dd-coop`): the engine offers evicted pages that no local page shares
+//!   (`dd_engine::remote`); for each, peers whose summary may contain the page's hash are asked, in
+//!   membership order, for a remote compare; the first pin is installed in the engine as the entry's
+//!   remote reference, or the offer is abandoned (Algorithm 3). Released remote references are unpinned
+//!   on their peer here too (best effort, batched).
+//! * **Remotified get** ([`Coop::fetch`], on the connection's thread): fetch the pin from its peer with
+//!   the request timeout, and accept the bytes only if the peer still has the epoch the pin was granted
+//!   in and the bytes hash to the recorded content hash. Anything else is a miss.
+//! * **Publisher** (tokio task): every `publish_interval_ms` (or on `POST /v1/host/coop/publish`) the
+//!   summary is rebuilt from the content index's live frames and pushed to every peer; the same tick
+//!   releases pins of peers not heard from for `pin_ttl_ms` and refreshes etcd membership.
+//!
+//! **Pins never leak forever**: a peer's pins are released when it says HELLO with another epoch (it
+//! restarted and lost every reference), when it has not been heard from for `pin_ttl_ms`, and when it
+//! unpins them. **Never wrong data, never a hang**: every peer request is bounded by the connect and
+//! request timeouts, a peer that failed is skipped for `peer_backoff_ms`, and fetched bytes are checked
+//! against the epoch and the content hash.
+//!
+//! Locks: `peers`, each peer's connection pool and summary, `owners` and the job queue are leaves; none
+//! is held across network I/O or an engine call, and no engine lock is ever held while waiting for a
+//! peer (the engine only pushes to the job queue).
+
+use crate::config::{CoopConfig, Membership};
+use crate::state::ServerState;
+use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
+use dd_coop::{BloomConfig, BloomFilter};
+use dd_engine::{Evicted, RemoteRef, RemoteSink};
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use subtle::ConstantTimeEq;
+
+/// Counters of co-operative de-duplication (also in `/metrics` and `GET /v1/host/coop`).
+#[derive(Debug, Default)]
+pub struct CoopStats {
+    /// Evicted pages offered by the engine and queued.
+    pub offered: AtomicU64,
+    /// Offers refused because the queue was full (plain evictions).
+    pub dropped: AtomicU64,
+    /// Pages remotified (a peer pinned an equal frame and the engine installed the reference).
+    pub remotified: AtomicU64,
+    /// Offers no peer's summary matched.
+    pub no_candidate: AtomicU64,
+    /// Remote compares that found no equal frame (summary false positives or stale summaries).
+    pub compare_mismatches: AtomicU64,
+    /// Offers whose compares failed on the network.
+    pub remotify_errors: AtomicU64,
+    /// Pins granted by a peer that the engine no longer wanted (the key changed meanwhile).
+    pub stale_installs: AtomicU64,
+    pub remote_gets_hit: AtomicU64,
+    pub remote_gets_missed: AtomicU64,
+    /// Unpins sent to peers.
+    pub unpins_sent: AtomicU64,
+    pub summaries_sent: AtomicU64,
+    pub summaries_received: AtomicU64,
+    /// Remote compares this daemon answered, and how many matched (remote de-duplications).
+    pub compares_served: AtomicU64,
+    pub remote_dedups: AtomicU64,
+    pub fetches_served: AtomicU64,
+    /// Pins released because their peer restarted (new epoch) or went silent.
+    pub pins_released_epoch: AtomicU64,
+    pub pins_released_ttl: AtomicU64,
+}
+
+/// A snapshot of [`CoopStats`] plus the peers, for the admin API.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct CoopReport {
+    pub node_name: String,
+    pub epoch: u64,
+    pub offered: u64,
+    pub queued: u64,
+    pub dropped: u64,
+    pub remotified: u64,
+    pub no_candidate: u64,
+    pub compare_mismatches: u64,
+    pub remotify_errors: u64,
+    pub stale_installs: u64,
+    pub remote_gets_hit: u64,
+    pub remote_gets_missed: u64,
+    pub unpins_sent: u64,
+    pub summaries_sent: u64,
+    pub summaries_received: u64,
+    pub compares_served: u64,
+    pub remote_dedups: u64,
+    pub fetches_served: u64,
+    pub pins_held: u64,
+    pub pins_released_epoch: u64,
+    pub pins_released_ttl: u64,
+    pub peers: Vec<PeerReport>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct PeerReport {
+    pub name: String,
+    pub addr: String,
+    /// In the membership now.
+    pub active: bool,
+    /// Whether a summary from it is held, and its age.
+    pub summary_age_ms: Option<u64>,
+    /// Pins this daemon holds for it.
+    pub pins_held_for: u64,
+}
+
+enum Job {
+    Remotify(Evicted),
+    Unpin(RemoteRef),
+}
+
+/// The hand-off between the engine and the remotifier thread (the engine's [`RemoteSink`]). Pushing
+/// never waits for anything but the queue's own short lock.
+#[derive(Debug)]
+pub struct JobQueue {
+    jobs: Mutex<VecDeque<JobBox>>,
+    cv: Condvar,
+    pages: AtomicUsize,
+    cap: usize,
+    closed: AtomicBool,
+    stats: Arc<CoopStats>,
+}
+
+struct JobBox(Job);
+impl std::fmt::Debug for JobBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+impl RemoteSink for JobQueue {
+    fn offer(&self, page: Evicted) -> bool {
+        if self.closed.load(Ordering::Relaxed) || self.pages.load(Ordering::Relaxed) >= self.cap {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.pages.fetch_add(1, Ordering::Relaxed);
+        self.stats.offered.fetch_add(1, Ordering::Relaxed);
+        self.jobs.lock().push_back(JobBox(Job::Remotify(page)));
+        self.cv.notify_one();
+        true
+    }
+
+    fn release(&self, r: RemoteRef) {
+        self.jobs.lock().push_back(JobBox(Job::Unpin(r)));
+        self.cv.notify_one();
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    /// The peer's epoch from this connection's HELLO.
+    epoch: u64,
+    next_id: u64,
+}
+
+struct Summary {
+    filter: BloomFilter,
+    received: Instant,
+}
+
+struct Peer {
+    name: String,
+    addr: RwLock<String>,
+    active: AtomicBool,
+    conns: Mutex<Vec<Conn>>,
+    summary: RwLock<Option<Summary>>,
+    down_until: Mutex<Option<Instant>>,
+}
+
+/// Pins held for one peer.
+struct Owner {
+    epoch: u64,
+    pins: HashSet<u64>,
+    last_heard: Instant,
+}
+
+/// Why a peer request failed (all of them end in a miss or a plain eviction).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerError {
+    #[error("peer is backing off after a failure")]
+    Down,
+    #[error("peer restarted (epoch changed)")]
+    EpochChanged,
+    #[error("peer i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer answered status {0}")]
+    Status(u16),
+    #[error("peer wire: {0}")]
+    Wire(#[from] wire::WireError),
+    #[error("peer address {0} does not resolve")]
+    Address(String),
+}
+
+pub struct Coop {
+    cfg: CoopConfig,
+    me: String,
+    epoch: u64,
+    page_size: usize,
+    peers: RwLock<Vec<Arc<Peer>>>,
+    owners: Mutex<HashMap<String, Owner>>,
+    queue: Arc<JobQueue>,
+    pub stats: Arc<CoopStats>,
+    state: Weak<ServerState>,
+}
+
+impl std::fmt::Debug for Coop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coop").field("me", &self.me).field("epoch", &self.epoch).finish_non_exhaustive()
+    }
+}
+
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && bool::from(a.ct_eq(b))
+}
+
+impl Coop {
+    /// Builds the co-operative layer, installs its queue as the engine's remote sink and starts the
+    /// remotifier thread. The listener and the publisher are started by [`crate::run`].
+    pub fn start(
+        state: &Arc<ServerState>,
+        cfg: CoopConfig,
+        me: String,
+    ) -> Result<Arc<Coop>, crate::ServerError> {
+        let stats = Arc::new(CoopStats::default());
+        let queue = Arc::new(JobQueue {
+            jobs: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            pages: AtomicUsize::new(0),
+            cap: cfg.remotify_queue_pages,
+            closed: AtomicBool::new(false),
+            stats: stats.clone(),
+        });
+        // A restart epoch that a restarted daemon cannot repeat by accident.
+        let epoch = {
+            use rand::RngCore;
+            rand::rngs::OsRng.next_u64() | 1
+        };
+        let coop = Arc::new(Coop {
+            me,
+            epoch,
+            page_size: state.cache.page_size(),
+            peers: RwLock::new(Vec::new()),
+            owners: Mutex::new(HashMap::new()),
+            queue: queue.clone(),
+            stats,
+            state: Arc::downgrade(state),
+            cfg,
+        });
+        if coop.cfg.membership == Membership::Static {
+            let list: Vec<(String, String)> =
+                coop.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect();
+            coop.set_membership(&list);
+        }
+        if !state.cache.set_remote_sink(queue) {
+            return Err(crate::ServerError::Config {
+                field: "coop.enabled".into(),
+                reason: "the engine refused the remotifier (engine.mem.dedup off?)".into(),
+            });
+        }
+        let weak = Arc::downgrade(&coop);
+        std::thread::Builder::new()
+            .name("dd-coop".into())
+            .spawn(move || remotifier_loop(weak))
+            .map_err(|e| crate::ServerError::Io(format!("spawning the remotifier: {e}")))?;
+        Ok(coop)
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.me
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Replaces the membership: peers not listed become inactive (their index stays, so remote
+    /// references to them stay decodable and simply miss), new ones are appended.
+    pub fn set_membership(&self, list: &[(String, String)]) {
+        let mut peers = self.peers.write();
+        for p in peers.iter() {
+            p.active.store(list.iter().any(|(n, _)| *n == p.name), Ordering::Relaxed);
+        }
+        for (name, addr) in list {
+            if *name == self.me {
+                continue;
+            }
+            match peers.iter().find(|p| p.name == *name) {
+                Some(p) => {
+                    let mut a = p.addr.write();
+                    if *a != *addr {
+                        *a = addr.clone();
+                        p.conns.lock().clear();
+                    }
+                    p.active.store(true, Ordering::Relaxed);
+                }
+                None => peers.push(Arc::new(Peer {
+                    name: name.clone(),
+                    addr: RwLock::new(addr.clone()),
+                    active: AtomicBool::new(true),
+                    conns: Mutex::new(Vec::new()),
+                    summary: RwLock::new(None),
+                    down_until: Mutex::new(None),
+                })),
+            }
+        }
+    }
+
+    fn peer(&self, idx: u32) -> Option<Arc<Peer>> {
+        self.peers.read().get(idx as usize).cloned()
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.request_timeout_ms)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Client side (blocking std sockets with deadlines; called on the remotifier thread, on
+    // connection threads inside `block_in_place`, and on the blocking pool)
+    // ------------------------------------------------------------------------------------------
+
+    fn connect(&self, peer: &Peer) -> Result<Conn, PeerError> {
+        let addr_s = peer.addr.read().clone();
+        let addr: SocketAddr = addr_s
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| PeerError::Address(addr_s.clone()))?;
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(self.cfg.connect_timeout_ms))?;
+        stream.set_nodelay(true)?;
+        let mut conn = Conn { stream, epoch: 0, next_id: 1 };
+        let req =
+            PeerRequest::Hello { name: &self.me, epoch: self.epoch, secret: self.cfg.peer_secret.as_bytes() };
+        let (h, payload) = self.exchange(&mut conn, &req)?;
+        match PeerResponse::decode(h.op, &payload, self.page_size)? {
+            PeerResponse::Hello { name, epoch } if name == peer.name => conn.epoch = epoch,
+            _ => return Err(PeerError::Status(PeerStatus::REFUSED.0)),
+        }
+        Ok(conn)
+    }
+
+    /// Sends one request and reads its response within the request timeout.
+    fn exchange(&self, conn: &mut Conn, req: &PeerRequest<'_>) -> Result<(PeerHeader, Vec<u8>), PeerError> {
+        let deadline = Instant::now() + self.timeout();
+        let id = conn.next_id;
+        conn.next_id += 1;
+        let mut buf = Vec::with_capacity(HEADER_LEN + 64);
+        req.encode(id, &mut buf);
+        conn.stream.set_write_timeout(Some(self.timeout()))?;
+        conn.stream.write_all(&buf)?;
+        let mut head = [0u8; HEADER_LEN];
+        read_until(&mut conn.stream, &mut head, deadline)?;
+        let max = (self.page_size + 64).max(4096) as u32;
+        let h = wire::parse_header(&head, max)?.ok_or(wire::WireError::BadFrame)?;
+        let mut payload = vec![0u8; h.payload_len as usize];
+        read_until(&mut conn.stream, &mut payload, deadline)?;
+        if h.request_id != id || h.op != req.op() as u8 || h.flags & wire::FLAG_RESPONSE == 0 {
+            return Err(wire::WireError::Malformed("response header").into());
+        }
+        if h.status != 0 {
+            return Err(PeerError::Status(h.status));
+        }
+        Ok((h, payload))
+    }
+
+    /// One request to a peer over a pooled connection. With `epoch`, fails with
+    /// [`PeerError::EpochChanged`] unless the peer still runs in that epoch.
+    fn request(
+        &self,
+        peer: &Peer,
+        req: &PeerRequest<'_>,
+        epoch: Option<u64>,
+    ) -> Result<(u64, Vec<u8>), PeerError> {
+        if peer.down_until.lock().is_some_and(|t| Instant::now() < t) {
+            return Err(PeerError::Down);
+        }
+        let pooled = peer.conns.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => match self.connect(peer) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.mark_down(peer);
+                    return Err(e);
+                }
+            },
+        };
+        if epoch.is_some_and(|e| e != conn.epoch) {
+            peer.conns.lock().push(conn);
+            return Err(PeerError::EpochChanged);
+        }
+        match self.exchange(&mut conn, req) {
+            Ok((_, payload)) => {
+                let e = conn.epoch;
+                let mut pool = peer.conns.lock();
+                if pool.len() < 8 {
+                    pool.push(conn);
+                }
+                Ok((e, payload))
+            }
+            Err(PeerError::Status(s)) if s != PeerStatus::AUTH_FAILED.0 => {
+                peer.conns.lock().push(conn);
+                Err(PeerError::Status(s))
+            }
+            Err(e) => {
+                // The connection's state is unknown (a late response may still arrive): drop it.
+                self.mark_down(peer);
+                Err(e)
+            }
+        }
+    }
+
+    fn mark_down(&self, peer: &Peer) {
+        *peer.down_until.lock() = Some(Instant::now() + Duration::from_millis(self.cfg.peer_backoff_ms));
+        peer.conns.lock().clear();
+    }
+
+    /// A remotified get: the page's bytes from its peer into `out`, or false (a clean miss) if the
+    /// peer is unreachable, restarted, no longer holds the pin or returns other bytes.
+    pub fn fetch(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
+        let hit = self.fetch_inner(r, out);
+        let c = if hit { &self.stats.remote_gets_hit } else { &self.stats.remote_gets_missed };
+        c.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    fn fetch_inner(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
+        let Some(peer) = self.peer(r.peer) else { return false };
+        let Ok((_, payload)) = self.request(&peer, &PeerRequest::Fetch { pin: r.pin }, Some(r.epoch)) else {
+            return false;
+        };
+        match PeerResponse::decode(PeerOp::Fetch as u8, &payload, self.page_size) {
+            Ok(PeerResponse::Fetched(Some(page)))
+                if page.len() == out.len() && xxhash_rust::xxh3::xxh3_128(page) == r.hash =>
+            {
+                out.copy_from_slice(page);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Releases a remote reference's pin after an exclusive remotified get (queued, best effort).
+    pub fn release(&self, r: RemoteRef) {
+        self.queue.release(r);
+    }
+
+    /// Algorithm 3 for one evicted page: ask candidate peers, install the first pin.
+    fn remotify(&self, state: &ServerState, page: Evicted) {
+        let peers: Vec<(u32, Arc<Peer>)> = {
+            let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
+            self.peers
+                .read()
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.active.load(Ordering::Relaxed))
+                .filter(|(_, p)| {
+                    p.summary
+                        .read()
+                        .as_ref()
+                        .is_some_and(|s| s.received.elapsed() < ttl && s.filter.may_contain(page.hash))
+                })
+                .map(|(i, p)| (i as u32, p.clone()))
+                .collect()
+        };
+        if peers.is_empty() {
+            self.stats.no_candidate.fetch_add(1, Ordering::Relaxed);
+            state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
+            return;
+        }
+        let mut errors = false;
+        for (idx, peer) in peers {
+            let req = PeerRequest::Compare { hash: page.hash, page: &page.data };
+            match self.request(&peer, &req, None) {
+                Ok((epoch, payload)) => {
+                    match PeerResponse::decode(PeerOp::Compare as u8, &payload, self.page_size) {
+                        Ok(PeerResponse::Compared(Some(pin))) => {
+                            let r = RemoteRef { peer: idx, epoch, pin, hash: page.hash };
+                            if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
+                                self.stats.remotified.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
+                                self.unpin_now(&peer, epoch, vec![pin]);
+                            }
+                            return;
+                        }
+                        Ok(_) => {
+                            self.stats.compare_mismatches.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => errors = true,
+                    }
+                }
+                Err(_) => errors = true,
+            }
+        }
+        if errors {
+            self.stats.remotify_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
+    }
+
+    fn unpin_now(&self, peer: &Peer, epoch: u64, pins: Vec<u64>) {
+        for chunk in pins.chunks(wire::MAX_UNPIN) {
+            let n = chunk.len() as u64;
+            // Best effort: a failure leaves the pins to the peer's TTL or epoch cleanup.
+            if self.request(peer, &PeerRequest::Unpin { pins: chunk.to_vec() }, Some(epoch)).is_ok() {
+                self.stats.unpins_sent.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Rebuilds the summary from the live frames and pushes it to every active peer. Returns the peers
+    /// reached. Also releases the pins of peers not heard from for `pin_ttl_ms`.
+    pub fn publish(&self) -> usize {
+        self.expire_owners();
+        let Some(state) = self.state.upgrade() else { return 0 };
+        let mut filter = match BloomFilter::new(self.cfg.bloom) {
+            Ok(f) => f,
+            Err(_) => return 0,
+        };
+        for h in state.cache.content_hashes() {
+            filter.insert(h);
+        }
+        let bits = filter.summary();
+        let req = PeerRequest::Summary {
+            m_bits: self.cfg.bloom.m_bits,
+            k_hashes: self.cfg.bloom.k_hashes,
+            bits: &bits,
+        };
+        let peers: Vec<Arc<Peer>> =
+            self.peers.read().iter().filter(|p| p.active.load(Ordering::Relaxed)).cloned().collect();
+        let mut reached = 0;
+        for p in peers {
+            // A publication is also the heartbeat that ends a back-off early if the peer is back.
+            *p.down_until.lock() = None;
+            if self.request(&p, &req, None).is_ok() {
+                reached += 1;
+                self.stats.summaries_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        reached
+    }
+
+    fn expire_owners(&self) {
+        let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
+        let expired: Vec<u64> = {
+            let mut owners = self.owners.lock();
+            let dead: Vec<String> = owners
+                .iter()
+                .filter(|(_, o)| o.last_heard.elapsed() >= ttl)
+                .map(|(n, _)| n.clone())
+                .collect();
+            dead.iter().flat_map(|n| owners.remove(n).map(|o| o.pins).unwrap_or_default()).collect()
+        };
+        if let Some(state) = self.state.upgrade() {
+            for pin in &expired {
+                state.cache.unpin(*pin);
+            }
+        }
+        self.stats.pins_released_ttl.fetch_add(expired.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Statistics and peers for the admin API.
+    pub fn report(&self) -> CoopReport {
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let owners = self.owners.lock();
+        let peers = self
+            .peers
+            .read()
+            .iter()
+            .map(|p| PeerReport {
+                name: p.name.clone(),
+                addr: p.addr.read().clone(),
+                active: p.active.load(Ordering::Relaxed),
+                summary_age_ms: p.summary.read().as_ref().map(|s| s.received.elapsed().as_millis() as u64),
+                pins_held_for: owners.get(&p.name).map_or(0, |o| o.pins.len() as u64),
+            })
+            .collect();
+        CoopReport {
+            node_name: self.me.clone(),
+            epoch: self.epoch,
+            offered: l(&s.offered),
+            queued: self.queue.pages.load(Ordering::Relaxed) as u64,
+            dropped: l(&s.dropped),
+            remotified: l(&s.remotified),
+            no_candidate: l(&s.no_candidate),
+            compare_mismatches: l(&s.compare_mismatches),
+            remotify_errors: l(&s.remotify_errors),
+            stale_installs: l(&s.stale_installs),
+            remote_gets_hit: l(&s.remote_gets_hit),
+            remote_gets_missed: l(&s.remote_gets_missed),
+            unpins_sent: l(&s.unpins_sent),
+            summaries_sent: l(&s.summaries_sent),
+            summaries_received: l(&s.summaries_received),
+            compares_served: l(&s.compares_served),
+            remote_dedups: l(&s.remote_dedups),
+            fetches_served: l(&s.fetches_served),
+            pins_held: owners.values().map(|o| o.pins.len() as u64).sum(),
+            pins_released_epoch: l(&s.pins_released_epoch),
+            pins_released_ttl: l(&s.pins_released_ttl),
+            peers,
+        }
+    }
+
+    /// Stops the remotifier (shutdown). Queued offers are abandoned by the engine's drop.
+    pub fn close(&self) {
+        self.queue.closed.store(true, Ordering::Relaxed);
+        self.queue.cv.notify_all();
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Server side: one authenticated peer connection
+    // ------------------------------------------------------------------------------------------
+
+    /// Handles one request of an authenticated peer `from` (no I/O; engine calls are memory-only).
+    fn handle(&self, state: &ServerState, from: &str, h: &PeerHeader, payload: &[u8], out: &mut Vec<u8>) {
+        let req = match PeerRequest::decode(h.op, payload, self.page_size) {
+            Ok(r) => r,
+            Err(e) => return wire::encode_error(h.op, h.request_id, e.status(), &e.to_string(), out),
+        };
+        self.touch(from);
+        let resp = match req {
+            PeerRequest::Hello { .. } => {
+                return wire::encode_error(
+                    h.op,
+                    h.request_id,
+                    PeerStatus::MALFORMED,
+                    "already authenticated",
+                    out,
+                )
+            }
+            PeerRequest::Summary { m_bits, k_hashes, bits } => {
+                let cfg = BloomConfig { m_bits, k_hashes, removal: dd_coop::Removal::NoUnset };
+                let Ok(filter) = BloomFilter::from_summary(cfg, bits) else {
+                    return wire::encode_error(h.op, h.request_id, PeerStatus::REFUSED, "bad summary", out);
+                };
+                if let Some(p) = self.peers.read().iter().find(|p| p.name == from) {
+                    *p.summary.write() = Some(Summary { filter, received: Instant::now() });
+                    self.stats.summaries_received.fetch_add(1, Ordering::Relaxed);
+                }
+                PeerResponse::Done
+            }
+            PeerRequest::Compare { hash, page } => {
+                self.stats.compares_served.fetch_add(1, Ordering::Relaxed);
+                let full = state.cache.pins_held() >= self.cfg.max_pins;
+                let pin = if full { None } else { state.cache.pin(hash, page) };
+                if let Some(pin) = pin {
+                    self.stats.remote_dedups.fetch_add(1, Ordering::Relaxed);
+                    let mut owners = self.owners.lock();
+                    match owners.get_mut(from) {
+                        Some(o) => {
+                            o.pins.insert(pin);
+                        }
+                        None => {
+                            // The owner entry went away (TTL) between HELLO and now: do not keep a pin
+                            // nobody can release.
+                            drop(owners);
+                            state.cache.unpin(pin);
+                            return wire::encode_error(
+                                h.op,
+                                h.request_id,
+                                PeerStatus::REFUSED,
+                                "say hello again",
+                                out,
+                            );
+                        }
+                    }
+                }
+                PeerResponse::Compared(pin)
+            }
+            PeerRequest::Fetch { pin } => {
+                self.stats.fetches_served.fetch_add(1, Ordering::Relaxed);
+                let owned = self.owners.lock().get(from).is_some_and(|o| o.pins.contains(&pin));
+                let mut page = vec![0u8; self.page_size];
+                if owned && state.cache.read_pin(pin, &mut page) {
+                    PeerResponse::Fetched(Some(&page)).encode(h.op, h.request_id, out);
+                    return;
+                }
+                PeerResponse::Fetched(None)
+            }
+            PeerRequest::Unpin { pins } => {
+                let mine: Vec<u64> = {
+                    let mut owners = self.owners.lock();
+                    match owners.get_mut(from) {
+                        Some(o) => pins.into_iter().filter(|p| o.pins.remove(p)).collect(),
+                        None => Vec::new(),
+                    }
+                };
+                for p in &mine {
+                    state.cache.unpin(*p);
+                }
+                PeerResponse::Unpinned(mine.len() as u32)
+            }
+        };
+        resp.encode(h.op, h.request_id, out);
+    }
+
+    fn touch(&self, from: &str) {
+        if let Some(o) = self.owners.lock().get_mut(from) {
+            o.last_heard = Instant::now();
+        }
+    }
+
+    /// A peer said HELLO: a new epoch means it restarted and holds none of its old references.
+    fn hello(&self, state: &ServerState, from: &str, epoch: u64) {
+        let released: Vec<u64> = {
+            let mut owners = self.owners.lock();
+            let o = owners.entry(from.to_string()).or_insert_with(|| Owner {
+                epoch,
+                pins: HashSet::new(),
+                last_heard: Instant::now(),
+            });
+            o.last_heard = Instant::now();
+            if o.epoch != epoch {
+                o.epoch = epoch;
+                o.pins.drain().collect()
+            } else {
+                Vec::new()
+            }
+        };
+        for p in &released {
+            state.cache.unpin(*p);
+        }
+        self.stats.pins_released_epoch.fetch_add(released.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// `read_exact` bounded by a deadline (the socket timeout is re-armed with the time left).
+fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn remotifier_loop(weak: Weak<Coop>) {
+    loop {
+        let Some(coop) = weak.upgrade() else { return };
+        let q = coop.queue.clone();
+        let mut batch = Vec::new();
+        {
+            let mut jobs = q.jobs.lock();
+            while jobs.is_empty() {
+                if q.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                // Wake periodically so the thread notices when the daemon (and `coop`) goes away.
+                if q.cv.wait_for(&mut jobs, Duration::from_millis(200)).timed_out() && jobs.is_empty() {
+                    break;
+                }
+            }
+            while let Some(j) = jobs.pop_front() {
+                batch.push(j.0);
+                if batch.len() >= 256 {
+                    break;
+                }
+            }
+        }
+        if q.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(state) = coop.state.upgrade() else { return };
+        // Unpins are grouped per peer and epoch (one request each); remotifications go one by one.
+        let mut unpins: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+        for job in batch {
+            match job {
+                Job::Remotify(page) => {
+                    coop.remotify(&state, page);
+                    q.pages.fetch_sub(1, Ordering::Relaxed);
+                }
+                Job::Unpin(r) => unpins.entry((r.peer, r.epoch)).or_default().push(r.pin),
+            }
+        }
+        for ((idx, epoch), pins) in unpins {
+            if let Some(peer) = coop.peer(idx) {
+                coop.unpin_now(&peer, epoch, pins);
+            }
+        }
+    }
+}
+
+/// Serves one peer connection: HELLO with the secret first, then requests in order.
+pub async fn serve_peer(
+    coop: Arc<Coop>,
+    state: Arc<ServerState>,
+    mut stream: tokio::net::TcpStream,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut from: Option<String> = None;
+    let mut head = [0u8; HEADER_LEN];
+    let mut out = Vec::new();
+    loop {
+        let r = tokio::select! {
+            r = stream.read_exact(&mut head) => r,
+            _ = stop.changed() => return,
+        };
+        if r.is_err() {
+            return;
+        }
+        // Before HELLO only a small frame is read; after it, up to the largest summary.
+        let max = if from.is_some() { wire::ABSOLUTE_MAX_PAYLOAD } else { 4096 };
+        let h = match wire::parse_header(&head, max) {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => {
+                out.clear();
+                wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
+                let _ = stream.write_all(&out).await;
+                return;
+            }
+        };
+        let mut payload = vec![0u8; h.payload_len as usize];
+        let read = tokio::time::timeout(Duration::from_secs(30), stream.read_exact(&mut payload)).await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        out.clear();
+        let mut close = false;
+        match &from {
+            None => match PeerRequest::decode(h.op, &payload, coop.page_size) {
+                Ok(PeerRequest::Hello { name, epoch, secret })
+                    if ct_eq(secret, coop.cfg.peer_secret.as_bytes()) =>
+                {
+                    coop.hello(&state, name, epoch);
+                    from = Some(name.to_string());
+                    PeerResponse::Hello { name: &coop.me, epoch: coop.epoch }.encode(
+                        h.op,
+                        h.request_id,
+                        &mut out,
+                    );
+                }
+                Ok(PeerRequest::Hello { .. }) => {
+                    wire::encode_error(
+                        h.op,
+                        h.request_id,
+                        PeerStatus::AUTH_FAILED,
+                        "wrong peer secret",
+                        &mut out,
+                    );
+                    close = true;
+                }
+                _ => {
+                    let s = PeerStatus::NOT_AUTHENTICATED;
+                    wire::encode_error(h.op, h.request_id, s, "the first frame must be HELLO", &mut out);
+                    close = true;
+                }
+            },
+            Some(name) => coop.handle(&state, name, &h, &payload, &mut out),
+        }
+        if stream.write_all(&out).await.is_err() || close {
+            return;
+        }
+    }
+}

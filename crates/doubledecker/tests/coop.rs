@@ -1,0 +1,322 @@
+//! Co-operative de-duplication between real daemon processes on loopback ports (thesis 004, sections
+//! 6.2.2-6.2.7): remotifications on one host equal the remote de-dups on its peer, every remotified page
+//! comes back intact, nothing is remotified to a peer that does not hold the page, the symmetric X/Y
+//! experiment, and faults (peer killed, restarted empty, partitioned by SIGSTOP) give clean misses
+//! within the timeout and never wrong data.
+
+mod common;
+
+use common::{page, vm, Daemon, TestVm, HOST_TOKEN};
+use dd_engine::{Key, PoolId, PoolOptions, Spec};
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "peer-secret-for-tests-0001";
+/// Test daemons' memory: 256 pages, evicted 16 at a time.
+const MEM_PAGES: u64 = 256;
+
+/// A free loopback port (bound, read and released; the daemon binds it right after).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Node {
+    name: &'static str,
+    port: u16,
+}
+
+fn start_node(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Daemon {
+    let mut extra = format!(
+        "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
+         node_name = {:?}\npeer_secret = {SECRET:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 300\n\
+         connect_timeout_ms = 300\npeer_backoff_ms = 500\n",
+        me.port, me.name
+    );
+    extra.push_str("peers = [");
+    for p in peers {
+        extra.push_str(&format!("{{ name = {:?}, addr = \"127.0.0.1:{}\" }}, ", p.name, p.port));
+    }
+    extra.push_str("]\n[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n");
+    let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
+    Daemon::start_with(&[v], "ssd_enabled = false\n", &mem, &extra)
+}
+
+fn coop(d: &Daemon) -> serde_json::Value {
+    let (s, v) = d.http("GET", "/v1/host/coop", Some(HOST_TOKEN), None);
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+fn n(v: &serde_json::Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap_or_else(|| panic!("{field} missing in {v}"))
+}
+
+fn publish(d: &Daemon, peers: u64) {
+    let (s, v) = d.http("POST", "/v1/host/coop/publish", Some(HOST_TOKEN), None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(n(&v, "peers_reached"), peers, "every peer took the summary");
+}
+
+/// Waits until the daemon's remotifier has handled every offer (a bound on waiting, not a timing
+/// assertion).
+fn settle(d: &Daemon) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = coop(d);
+        let done = n(&c, "remotified")
+            + n(&c, "no_candidate")
+            + n(&c, "compare_mismatches")
+            + n(&c, "remotify_errors")
+            + n(&c, "stale_installs");
+        if n(&c, "queued") == 0 && done == n(&c, "offered") {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "remotifier did not settle: {c}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn host_stats(d: &Daemon) -> serde_json::Value {
+    let (s, v) = d.http("GET", "/v1/stats", Some(HOST_TOKEN), None);
+    assert_eq!(s, 200);
+    v
+}
+
+fn put_file(c: &mut dd_client::Client, pool: PoolId, seed: u64, object: u64, pages: u64) {
+    for i in 0..pages {
+        c.put(pool, Key::new(object, i), &page(seed, object, i)).unwrap();
+    }
+}
+
+fn pool(c: &mut dd_client::Client) -> PoolId {
+    c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap()
+}
+
+/// Gets every page of a file: (hits, misses); panics on any wrong byte.
+fn get_file(c: &mut dd_client::Client, pool: PoolId, seed: u64, object: u64, pages: u64) -> (u64, u64) {
+    let mut out = vec![0u8; 4096];
+    let (mut hits, mut misses) = (0, 0);
+    for i in 0..pages {
+        if c.get(pool, Key::new(object, i), &mut out).unwrap() {
+            assert!(out == page(seed, object, i), "wrong bytes for page {object}/{i}");
+            hits += 1;
+        } else {
+            misses += 1;
+        }
+    }
+    (hits, misses)
+}
+
+fn pins_held(d: &Daemon) -> u64 {
+    n(&host_stats(d), "pins_held")
+}
+
+fn wait_pins(d: &Daemon, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pins_held(d) != want {
+        assert!(Instant::now() < deadline, "pins held {} never reached {want}", pins_held(d));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Thesis 6.2.2: A holds an unrelated file, B holds the "rand file", C evicts the rand file under
+/// pressure. Every remotification from C is a remote de-dup on B (none on A), every remotified page
+/// comes back intact, pages no peer holds are never remotified, and gets release the pins on B.
+#[test]
+fn three_daemons_remotify_only_to_the_holder_and_every_page_comes_back() {
+    let v = vm(1);
+    let (a, b, c) = (
+        Node { name: "a", port: free_port() },
+        Node { name: "b", port: free_port() },
+        Node { name: "c", port: free_port() },
+    );
+    let da = start_node(&a, &[&b, &c], &v, 4096);
+    let db = start_node(&b, &[&a, &c], &v, 4096);
+    let dc = start_node(&c, &[&a, &b], &v, MEM_PAGES);
+    const RAND: u64 = 200;
+    let mut ca = da.tcp_client(&v);
+    let pa = pool(&mut ca);
+    put_file(&mut ca, pa, 7, 2, RAND);
+    let mut cb = db.tcp_client(&v);
+    let pb = pool(&mut cb);
+    put_file(&mut cb, pb, 1, 1, RAND);
+    publish(&da, 2);
+    publish(&db, 2);
+
+    let mut cc = dc.tcp_client(&v);
+    let pc = pool(&mut cc);
+    put_file(&mut cc, pc, 1, 1, RAND); // the rand file, held by B
+    put_file(&mut cc, pc, 3, 3, RAND); // a file nobody else holds: evicts the rand file's oldest pages
+    put_file(&mut cc, pc, 4, 4, RAND); // and then its own oldest pages, which no peer holds
+    let rc = settle(&dc);
+    let remotified = n(&rc, "remotified");
+    let evicted_rand_pages = RAND; // FIFO: all of file 1 goes first, then 144 pages of file 3
+    assert_eq!(remotified, evicted_rand_pages, "{rc}");
+    assert!(n(&rc, "no_candidate") + n(&rc, "compare_mismatches") >= 144, "{rc}");
+    let rb = coop(&db);
+    assert_eq!(n(&rb, "remote_dedups"), remotified, "remotifications from C == remote de-dups on B");
+    assert_eq!(n(&coop(&da), "remote_dedups"), 0, "nothing was remotified to A, which lacks the page");
+    assert_eq!(pins_held(&db), remotified);
+    let ps = cc.pool_stats(pc).unwrap();
+    assert_eq!(ps.counters.remotified, remotified);
+    assert_eq!(ps.counters.remote_pages, remotified);
+    assert_eq!(ps.counters.mem.used, MEM_PAGES - 16 + 8, "remotified pages use no local memory");
+
+    // Every remotified page comes back intact (thesis 6.2.2, step 9); pages no peer held are misses.
+    assert_eq!(get_file(&mut cc, pc, 1, 1, RAND), (RAND, 0));
+    let (hits3, misses3) = get_file(&mut cc, pc, 3, 3, RAND);
+    assert_eq!(hits3 + misses3, RAND);
+    assert!(misses3 > 0);
+    let rc = coop(&dc);
+    assert_eq!(n(&rc, "remote_gets_hit"), remotified);
+    assert_eq!(n(&rc, "remote_gets_missed"), 0);
+    assert_eq!(n(&coop(&db), "fetches_served"), remotified, "remotified gets from C == gets served by B");
+    let ps = cc.pool_stats(pc).unwrap();
+    assert_eq!((ps.counters.remote_gets_hit, ps.counters.remote_pages), (remotified, 0));
+    // The exclusive gets released their pins on B; B's own pages are untouched.
+    wait_pins(&db, 0);
+    assert_eq!(get_file(&mut cb, pb, 1, 1, RAND), (RAND, 0));
+    // /metrics carries the counters.
+    let url = format!("{}/metrics", dc.admin);
+    let text = ureq::get(&url)
+        .set("Authorization", &format!("Bearer {HOST_TOKEN}"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        text.contains(&format!("dd_pool_remotified_total{{vm=\"1\",pool=\"{pc}\"}} {remotified}")),
+        "{text}"
+    );
+}
+
+/// Thesis 6.2.3, the symmetric experiment: X evicts file Y (held by Y) and Y evicts file X (held by X).
+#[test]
+fn symmetric_x_y_remotification() {
+    let v = vm(1);
+    let (x, y) = (Node { name: "x", port: free_port() }, Node { name: "y", port: free_port() });
+    let dx = start_node(&x, &[&y], &v, MEM_PAGES);
+    let dy = start_node(&y, &[&x], &v, MEM_PAGES);
+    let (mut cx, mut cy) = (dx.tcp_client(&v), dy.tcp_client(&v));
+    let (px, py) = (pool(&mut cx), pool(&mut cy));
+    const F: u64 = 100;
+    // X: file 20 (oldest), then file 10; Y: file 10 (oldest), then file 20.
+    put_file(&mut cx, px, 20, 20, F);
+    put_file(&mut cx, px, 10, 10, F);
+    put_file(&mut cy, py, 10, 10, F);
+    put_file(&mut cy, py, 20, 20, F);
+    publish(&dx, 1);
+    publish(&dy, 1);
+    // Pressure on both: each evicts its oldest file, which the other holds.
+    put_file(&mut cx, px, 31, 31, F);
+    let rx = settle(&dx);
+    put_file(&mut cy, py, 32, 32, F);
+    let ry = settle(&dy);
+    let (from_x, from_y) = (n(&rx, "remotified"), n(&ry, "remotified"));
+    assert_eq!(from_x, 48, "X evicted three batches of file 20: {rx}");
+    assert_eq!(from_y, 48, "Y evicted three batches of file 10: {ry}");
+    assert_eq!(n(&coop(&dy), "remote_dedups"), from_x);
+    assert_eq!(n(&coop(&dx), "remote_dedups"), from_y);
+    assert_eq!(get_file(&mut cx, px, 20, 20, F), (F, 0));
+    assert_eq!(get_file(&mut cy, py, 10, 10, F), (F, 0));
+    assert_eq!(n(&coop(&dx), "remote_gets_hit"), from_x);
+    assert_eq!(n(&coop(&dy), "remote_gets_hit"), from_y);
+}
+
+/// Remotifies `pages` pages of file 1 from C to B; returns (B, C, clients and pools).
+fn remotified_pair(
+    b: &Node,
+    c: &Node,
+    v: &TestVm,
+    pages: u64,
+) -> (Daemon, Daemon, dd_client::Client, PoolId, u64) {
+    let db = start_node(b, &[c], v, 4096);
+    let dc = start_node(c, &[b], v, MEM_PAGES);
+    let mut cb = db.tcp_client(v);
+    let pb = pool(&mut cb);
+    put_file(&mut cb, pb, 1, 1, pages);
+    publish(&db, 1);
+    let mut cc = dc.tcp_client(v);
+    let pc = pool(&mut cc);
+    put_file(&mut cc, pc, 1, 1, pages);
+    put_file(&mut cc, pc, 5, 5, MEM_PAGES);
+    let remotified = n(&settle(&dc), "remotified");
+    assert_eq!(remotified, pages);
+    assert_eq!(pins_held(&db), pages);
+    (db, dc, cc, pc, remotified)
+}
+
+fn signal(d: &Daemon, sig: libc::c_int) {
+    let pid = d.child.as_ref().expect("running").id() as libc::pid_t;
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+/// A peer killed mid-run, then restarted empty on the same address: remotified gets miss (never wrong
+/// data) within the timeout, and the restarted peer's new epoch keeps old references from matching.
+#[test]
+fn killed_and_restarted_peer_gives_clean_misses() {
+    let v = vm(1);
+    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let (mut db, dc, mut cc, pc, remotified) = remotified_pair(&b, &c, &v, 64);
+    // Half the pages come back while B is alive.
+    assert_eq!(get_file(&mut cc, pc, 1, 1, 32), (32, 0));
+    signal(&db, libc::SIGKILL);
+    let _ = db.child.take().unwrap().wait();
+    let t = Instant::now();
+    let mut out = vec![0u8; 4096];
+    for i in 32..48 {
+        assert!(!cc.get(pc, Key::new(1, i), &mut out).unwrap(), "a dead peer's page is a miss");
+    }
+    // Bound on the whole run (one connect/request timeout, then the back-off answers at once).
+    assert!(t.elapsed() < Duration::from_secs(20), "misses took {:?}", t.elapsed());
+    // Restart B empty at the same address but holding the same bytes: the old pins are gone with the
+    // old epoch, so the remaining references miss even though equal content exists again.
+    let db2 = start_node(&b, &[&c], &v, 4096);
+    let mut cb2 = db2.tcp_client(&v);
+    let pb2 = pool(&mut cb2);
+    put_file(&mut cb2, pb2, 1, 1, 64);
+    std::thread::sleep(Duration::from_millis(600)); // let C's back-off on B expire
+    for i in 48..64 {
+        assert!(!cc.get(pc, Key::new(1, i), &mut out).unwrap(), "a restarted peer's old pin is a miss");
+    }
+    let rc = coop(&dc);
+    assert_eq!(n(&rc, "remote_gets_hit"), 32);
+    assert_eq!(n(&rc, "remote_gets_missed"), remotified - 32);
+    assert_eq!(n(&coop(&db2), "fetches_served"), 0, "the new epoch was refused before any fetch");
+    drop(db);
+}
+
+/// A restarted remotifier (new epoch) makes its peer release every pin it held for it.
+#[test]
+fn restarted_remotifier_releases_its_pins_on_the_peer() {
+    let v = vm(1);
+    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let (db, mut dc, _cc, _pc, remotified) = remotified_pair(&b, &c, &v, 40);
+    assert!(dc.stop());
+    let dc2 = start_node(&c, &[&b], &v, MEM_PAGES);
+    publish(&dc2, 1); // HELLO with the new epoch
+    wait_pins(&db, 0);
+    assert_eq!(n(&coop(&db), "pins_released_epoch"), remotified);
+}
+
+/// A partitioned peer (stopped with SIGSTOP: its listener accepts nothing and answers nothing): gets
+/// miss within the timeout, and once it is back, the remaining remotified pages come back intact.
+#[test]
+fn partitioned_peer_times_out_to_misses_and_recovers() {
+    let v = vm(1);
+    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let (db, dc, mut cc, pc, remotified) = remotified_pair(&b, &c, &v, 48);
+    signal(&db, libc::SIGSTOP);
+    let t = Instant::now();
+    let mut out = vec![0u8; 4096];
+    for i in 0..16 {
+        assert!(!cc.get(pc, Key::new(1, i), &mut out).unwrap(), "a partitioned peer's page is a miss");
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "misses took {:?}", t.elapsed());
+    signal(&db, libc::SIGCONT);
+    std::thread::sleep(Duration::from_millis(600)); // back-off expires
+    assert_eq!(get_file(&mut cc, pc, 1, 1, 48), (32, 16), "the rest is served again, intact");
+    let rc = coop(&dc);
+    assert_eq!((n(&rc, "remote_gets_hit"), n(&rc, "remote_gets_missed")), (32, 16));
+    assert_eq!(remotified, 48);
+}
