@@ -9,7 +9,7 @@
 //! one response out, no I/O but a remotified get's bounded peer fetch: the fuzz target drives it),
 //! [`net`] (listeners, connection loop, per connection bounds, blocking policy), [`admin`] (axum
 //! routes), [`metrics`], [`coop`] (co-operative de-duplication: peer listener, client, remotifier,
-//! summary publisher).
+//! summary publisher), [`etcd`] (etcd membership of the peers).
 //!
 //! Shutdown order ([`run`]): stop accepting, tell every connection to finish the frames it holds and
 //! close, wait for them (bounded by `limits.drain_timeout_ms`), stop the admin API, quiesce the engine
@@ -19,6 +19,7 @@ pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod coop;
+pub mod etcd;
 pub mod handler;
 pub mod metrics;
 pub mod net;
@@ -265,6 +266,33 @@ pub async fn run(
         }));
         let (c, mut stop, period) =
             (coop.clone(), stop_rx.clone(), Duration::from_millis(cfg.coop.publish_interval_ms));
+        if cfg.coop.membership == config::Membership::Etcd {
+            let e = &cfg.coop.etcd;
+            let timeout = Duration::from_millis(cfg.coop.request_timeout_ms.max(1000));
+            let etcd = Arc::new(etcd::Etcd::new(&e.endpoint, &e.prefix, e.lease_ttl_s, timeout));
+            let me = (cfg.coop_node_name(), bound.coop.map(|a| a.to_string()).unwrap_or_default());
+            let every = Duration::from_millis((e.lease_ttl_s * 1000 / 3).max(100));
+            let (c, mut stop) = (coop.clone(), stop_rx.clone());
+            accept_tasks.push(tokio::spawn(async move {
+                loop {
+                    let (c2, etcd2, me2) = (c.clone(), etcd.clone(), me.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        match etcd2.register(&me2.0, &me2.1).and_then(|_| etcd2.members()) {
+                            Ok(list) => c2.set_membership(&list),
+                            Err(e) => tracing::warn!("etcd membership: {e}"),
+                        }
+                    })
+                    .await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {}
+                        _ = stop.changed() => {
+                            let _ = tokio::task::spawn_blocking(move || etcd.revoke()).await;
+                            return;
+                        }
+                    }
+                }
+            }));
+        }
         accept_tasks.push(tokio::spawn(async move {
             loop {
                 let c2 = c.clone();

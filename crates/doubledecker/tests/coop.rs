@@ -320,3 +320,99 @@ fn partitioned_peer_times_out_to_misses_and_recovers() {
     assert_eq!((n(&rc, "remote_gets_hit"), n(&rc, "remote_gets_missed")), (32, 16));
     assert_eq!(remotified, 48);
 }
+
+/// A private etcd on loopback ports (killed and waited for on drop).
+struct EtcdServer {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+impl EtcdServer {
+    fn start() -> EtcdServer {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "dd-test", "--data-dir"])
+            .arg(dir.path())
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("dd-test={peer_url}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("etcd is installed (apt-get install etcd-server; .ci/run does it)");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ureq::get(&format!("{url}/health")).call().is_err() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        EtcdServer { child, _dir: dir, url }
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_etcd_node(me: &Node, etcd: &EtcdServer, v: &TestVm, mem_pages: u64) -> Daemon {
+    let extra = format!(
+        "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
+         node_name = {:?}\npeer_secret = {SECRET:?}\nmembership = \"etcd\"\npublish_interval_ms = 3600000\n\
+         request_timeout_ms = 300\nconnect_timeout_ms = 300\npeer_backoff_ms = 500\n\
+         [coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n[coop.etcd]\nendpoint = {:?}\nprefix = \"/dd-test/\"\n\
+         lease_ttl_s = 2\n",
+        me.port, me.name, etcd.url
+    );
+    let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
+    Daemon::start_with(&[v], "ssd_enabled = false\n", &mem, &extra)
+}
+
+fn peer_active(d: &Daemon, name: &str) -> bool {
+    coop(d)["peers"].as_array().unwrap().iter().any(|p| p["name"] == name && p["active"] == true)
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// etcd membership: daemons find each other through leased keys, remotify and fetch as with a static
+/// list, and a killed daemon drops out of its peers' lists when its lease expires.
+#[test]
+fn etcd_membership_finds_peers_and_drops_dead_ones() {
+    let etcd = EtcdServer::start();
+    let v = vm(1);
+    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let db = start_etcd_node(&b, &etcd, &v, 4096);
+    let dc = start_etcd_node(&c, &etcd, &v, MEM_PAGES);
+    wait_for("b and c to see each other", || peer_active(&db, "c") && peer_active(&dc, "b"));
+    let mut cb = db.tcp_client(&v);
+    let pb = pool(&mut cb);
+    put_file(&mut cb, pb, 1, 1, 32);
+    publish(&db, 1);
+    let mut cc = dc.tcp_client(&v);
+    let pc = pool(&mut cc);
+    put_file(&mut cc, pc, 1, 1, 32);
+    put_file(&mut cc, pc, 5, 5, MEM_PAGES);
+    assert_eq!(n(&settle(&dc), "remotified"), 32);
+    assert_eq!(n(&coop(&db), "remote_dedups"), 32);
+    assert_eq!(get_file(&mut cc, pc, 1, 1, 16), (16, 0));
+    let mut db = db;
+    signal(&db, libc::SIGKILL);
+    let _ = db.child.take().unwrap().wait();
+    wait_for("b's lease to expire", || !peer_active(&dc, "b"));
+    let mut out = vec![0u8; 4096];
+    for i in 16..32 {
+        assert!(!cc.get(pc, Key::new(1, i), &mut out).unwrap(), "a departed peer's page is a miss");
+    }
+    assert_eq!(n(&coop(&dc), "remote_gets_missed"), 16);
+}
