@@ -9,10 +9,12 @@
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
 //! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both.
 //! * [`soak`]: mixed load on the daemon for a long time; checks bounded memory and the stats identity.
+//! * [`remote`]: remotify and remotified-get latency with two daemons (co-operative de-duplication).
 //! * [`daemon`]: starts and stops a real `doubledecker serve` process for `server` and `soak`.
 
 pub mod daemon;
 pub mod dedup;
+pub mod remote;
 pub mod server;
 pub mod soak;
 pub mod ssd;

@@ -71,6 +71,41 @@ pub struct CoopStats {
     /// Pins released because their peer restarted (new epoch) or went silent.
     pub pins_released_epoch: AtomicU64,
     pub pins_released_ttl: AtomicU64,
+    /// Microseconds per successful remotification (from taking the offer to installing the pin) and
+    /// per remotified get that hit (the peer fetch, as the connection thread waits for it).
+    remotify_us: Mutex<Latency>,
+    fetch_us: Mutex<Latency>,
+}
+
+/// A latency histogram in microseconds (1 µs to 60 s, 3 significant digits).
+#[derive(Debug)]
+struct Latency(hdrhistogram::Histogram<u64>);
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"))
+    }
+}
+
+impl Latency {
+    fn record(&mut self, d: Duration) {
+        let _ = self.0.record((d.as_micros() as u64).clamp(1, 60_000_000));
+    }
+    fn report(&self) -> LatencyReport {
+        LatencyReport {
+            count: self.0.len(),
+            p50_us: self.0.value_at_quantile(0.5),
+            p99_us: self.0.value_at_quantile(0.99),
+        }
+    }
+}
+
+/// Percentiles of a latency histogram (0 when empty).
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct LatencyReport {
+    pub count: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
 }
 
 /// A snapshot of [`CoopStats`] plus the peers, for the admin API.
@@ -97,6 +132,10 @@ pub struct CoopReport {
     pub pins_held: u64,
     pub pins_released_epoch: u64,
     pub pins_released_ttl: u64,
+    /// Successful remotifications: offer taken to pin installed.
+    pub remotify_latency: LatencyReport,
+    /// Remotified gets that hit: the peer fetch.
+    pub remote_get_latency: LatencyReport,
     pub peers: Vec<PeerReport>,
 }
 
@@ -427,7 +466,11 @@ impl Coop {
     /// A remotified get: the page's bytes from its peer into `out`, or false (a clean miss) if the
     /// peer is unreachable, restarted, no longer holds the pin or returns other bytes.
     pub fn fetch(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
+        let t = Instant::now();
         let hit = self.fetch_inner(r, out);
+        if hit {
+            self.stats.fetch_us.lock().record(t.elapsed());
+        }
         let c = if hit { &self.stats.remote_gets_hit } else { &self.stats.remote_gets_missed };
         c.fetch_add(1, Ordering::Relaxed);
         hit
@@ -456,6 +499,7 @@ impl Coop {
 
     /// Algorithm 3 for one evicted page: ask candidate peers, install the first pin.
     fn remotify(&self, state: &ServerState, page: Evicted) {
+        let t = Instant::now();
         let peers: Vec<(u32, Arc<Peer>)> = {
             let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
             self.peers
@@ -487,6 +531,7 @@ impl Coop {
                             let r = RemoteRef { peer: idx, epoch, pin, hash: page.hash };
                             if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
                                 self.stats.remotified.fetch_add(1, Ordering::Relaxed);
+                                self.stats.remotify_us.lock().record(t.elapsed());
                             } else {
                                 self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
                                 self.unpin_now(&peer, epoch, vec![pin]);
@@ -608,6 +653,8 @@ impl Coop {
             pins_held: owners.values().map(|o| o.pins.len() as u64).sum(),
             pins_released_epoch: l(&s.pins_released_epoch),
             pins_released_ttl: l(&s.pins_released_ttl),
+            remotify_latency: s.remotify_us.lock().report(),
+            remote_get_latency: s.fetch_us.lock().report(),
             peers,
         }
     }

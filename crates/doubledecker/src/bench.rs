@@ -69,6 +69,18 @@ pub struct DedupArgs {
     working_set_pages: u64,
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Pages for the co-operative part (two daemons on loopback: remotify and remotified-get
+    /// latency); 0 skips it.
+    #[arg(long, default_value_t = 4096)]
+    remote_pages: u64,
+}
+
+/// `bench dedup --json`: the local figures, plus the co-operative ones under `remote`.
+#[derive(serde::Serialize)]
+struct DedupOutput<'a> {
+    #[serde(flatten)]
+    local: &'a dd_bench::dedup::DedupBenchReport,
+    remote: Option<&'a dd_bench::remote::RemoteBenchReport>,
 }
 
 #[derive(Args, Debug)]
@@ -154,8 +166,22 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             };
             eprintln!("bench dedup: plain, dedup (unique pages), dedup (16 contents), {} s each", a.seconds);
             let r = dd_bench::dedup::run(&opts).context("bench dedup failed")?;
+            let remote = if a.remote_pages > 0 {
+                eprintln!(
+                    "bench dedup: two daemons on loopback, {} pages remotified and fetched",
+                    a.remote_pages
+                );
+                let o = dd_bench::remote::RemoteBenchOptions {
+                    exe: std::env::current_exe().context("locating the doubledecker executable")?,
+                    pages: a.remote_pages,
+                    seed: 0x5eed,
+                };
+                Some(dd_bench::remote::run(&o).context("bench dedup (remote part) failed")?)
+            } else {
+                None
+            };
             if a.json {
-                println!("{}", serde_json::to_string(&r)?);
+                println!("{}", serde_json::to_string(&DedupOutput { local: &r, remote: remote.as_ref() })?);
             } else {
                 println!("plain put          pages/s {:>12.0}", r.plain_put_pages_per_s);
                 println!(
@@ -178,6 +204,19 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     "lz4 put, incompressible   {:>12.0}  (cost {:.2}x plain)",
                     r.lz4_incompressible_put_pages_per_s, r.lz4_incompressible_cost_vs_plain
                 );
+                if let Some(m) = &remote {
+                    println!("remotified pages          {:>12}", m.remotified);
+                    println!("remotify        p50/p99 us {:>6} / {}", m.remotify_p50_us, m.remotify_p99_us);
+                    println!("local get       p50/p99 us {:>6} / {}", m.local_get_p50_us, m.local_get_p99_us);
+                    println!(
+                        "remote get      p50/p99 us {:>6} / {}  (target p50 < 200: {})",
+                        m.remote_get_p50_us, m.remote_get_p99_us, m.remote_get_target_met
+                    );
+                    println!(
+                        "peer fetch      p50/p99 us {:>6} / {}",
+                        m.peer_fetch_p50_us, m.peer_fetch_p99_us
+                    );
+                }
             }
         }
         BenchCommand::Ssd(a) => {
