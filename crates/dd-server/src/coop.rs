@@ -258,6 +258,9 @@ impl std::fmt::Debug for Coop {
     }
 }
 
+/// Idle connections kept per peer (more concurrent requests open more, closed after use).
+const MAX_POOLED: usize = 8;
+
 fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
 }
@@ -441,13 +444,17 @@ impl Coop {
             Ok((_, payload)) => {
                 let e = conn.epoch;
                 let mut pool = peer.conns.lock();
-                if pool.len() < 8 {
+                if pool.len() < MAX_POOLED {
                     pool.push(conn);
                 }
                 Ok((e, payload))
             }
             Err(PeerError::Status(s)) if s != PeerStatus::AUTH_FAILED.0 => {
-                peer.conns.lock().push(conn);
+                // An error answer leaves the connection in step: keep it.
+                let mut pool = peer.conns.lock();
+                if pool.len() < MAX_POOLED {
+                    pool.push(conn);
+                }
                 Err(PeerError::Status(s))
             }
             Err(e) => {

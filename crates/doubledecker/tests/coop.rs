@@ -217,7 +217,14 @@ fn symmetric_x_y_remotification() {
     assert_eq!(n(&coop(&dy), "remote_dedups"), from_x);
     assert_eq!(n(&coop(&dx), "remote_dedups"), from_y);
     assert_eq!(get_file(&mut cx, px, 20, 20, F), (F, 0));
-    assert_eq!(get_file(&mut cy, py, 10, 10, F), (F, 0));
+    // Y's side through GET_BATCH: remotified and local pages mixed in one batch, all intact.
+    let keys: Vec<Key> = (0..F).map(|i| Key::new(10, i)).collect();
+    let mut out = vec![0u8; keys.len() * 4096];
+    let hits = cy.get_batch(py, &keys, &mut out).unwrap();
+    assert!(hits.iter().all(|h| *h), "{hits:?}");
+    for (i, chunk) in out.chunks(4096).enumerate() {
+        assert!(chunk == page(10, 10, i as u64).as_slice(), "page {i} of a batch");
+    }
     assert_eq!(n(&coop(&dx), "remote_gets_hit"), from_x);
     assert_eq!(n(&coop(&dy), "remote_gets_hit"), from_y);
 }
