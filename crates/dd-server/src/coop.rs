@@ -247,6 +247,10 @@ pub struct Coop {
     page_size: usize,
     peers: RwLock<Vec<Arc<Peer>>>,
     owners: Mutex<HashMap<String, Owner>>,
+    /// Unpins that failed on the network, by (peer, epoch): sent again at every publication, so a pin
+    /// held by a peer that was unreachable for a while is released once it is back (a restarted peer
+    /// has dropped them itself: another epoch answers `EpochChanged` and they are forgotten).
+    retry_unpins: Mutex<HashMap<(u32, u64), Vec<u64>>>,
     queue: Arc<JobQueue>,
     pub stats: Arc<CoopStats>,
     state: Weak<ServerState>,
@@ -293,6 +297,7 @@ impl Coop {
             page_size: state.cache.page_size(),
             peers: RwLock::new(Vec::new()),
             owners: Mutex::new(HashMap::new()),
+            retry_unpins: Mutex::new(HashMap::new()),
             queue: queue.clone(),
             stats,
             state: Arc::downgrade(state),
@@ -541,7 +546,7 @@ impl Coop {
                                 self.stats.remotify_us.lock().record(t.elapsed());
                             } else {
                                 self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
-                                self.unpin_now(&peer, epoch, vec![pin]);
+                                self.unpin_now(idx, &peer, epoch, vec![pin]);
                             }
                             return;
                         }
@@ -560,12 +565,26 @@ impl Coop {
         state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
     }
 
-    fn unpin_now(&self, peer: &Peer, epoch: u64, pins: Vec<u64>) {
+    fn unpin_now(&self, idx: u32, peer: &Peer, epoch: u64, pins: Vec<u64>) {
         for chunk in pins.chunks(wire::MAX_UNPIN) {
             let n = chunk.len() as u64;
-            // Best effort: a failure leaves the pins to the peer's TTL or epoch cleanup.
-            if self.request(peer, &PeerRequest::Unpin { pins: chunk.to_vec() }, Some(epoch)).is_ok() {
-                self.stats.unpins_sent.fetch_add(n, Ordering::Relaxed);
+            match self.request(peer, &PeerRequest::Unpin { pins: chunk.to_vec() }, Some(epoch)) {
+                Ok(_) => {
+                    self.stats.unpins_sent.fetch_add(n, Ordering::Relaxed);
+                }
+                // The peer restarted: it released them itself.
+                Err(PeerError::EpochChanged) => {}
+                Err(_) => self.retry_unpins.lock().entry((idx, epoch)).or_default().extend_from_slice(chunk),
+            }
+        }
+    }
+
+    /// Sends the unpins that failed before (see `retry_unpins`).
+    fn retry_failed_unpins(&self) {
+        let pending = std::mem::take(&mut *self.retry_unpins.lock());
+        for ((idx, epoch), pins) in pending {
+            if let Some(peer) = self.peer(idx) {
+                self.unpin_now(idx, &peer, epoch, pins);
             }
         }
     }
@@ -599,6 +618,7 @@ impl Coop {
                 self.stats.summaries_sent.fetch_add(1, Ordering::Relaxed);
             }
         }
+        self.retry_failed_unpins();
         reached
     }
 
@@ -848,7 +868,7 @@ fn remotifier_loop(weak: Weak<Coop>) {
         }
         for ((idx, epoch), pins) in unpins {
             if let Some(peer) = coop.peer(idx) {
-                coop.unpin_now(&peer, epoch, pins);
+                coop.unpin_now(idx, &peer, epoch, pins);
             }
         }
     }
