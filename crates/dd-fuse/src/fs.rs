@@ -575,6 +575,16 @@ impl Filesystem for DdFs {
         reply.ok();
     }
 
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // sqlite3 fsyncs the directory after creating its journal: make the entry durable in the backing.
+        let r = self.rel(ino).map(|rel| File::open(self.full(&rel)).and_then(|d| d.sync_all()));
+        match r {
+            Ok(Ok(())) => reply.ok(),
+            Ok(Err(e)) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn releasedir(
         &self,
         _req: &Request,
