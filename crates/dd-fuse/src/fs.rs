@@ -634,14 +634,31 @@ impl Filesystem for DdFs {
 pub struct Mount {
     session: fuser::Session<DdFs>,
     fe: Arc<Frontend>,
+    mountpoint: PathBuf,
 }
 
 /// Unmounts from another thread (a signal handler thread); [`Mount::run`] then returns.
-pub struct Unmounter(fuser::SessionUnmounter);
+pub struct Unmounter {
+    session: fuser::SessionUnmounter,
+    mountpoint: PathBuf,
+}
 
 impl Unmounter {
+    /// Unmounts; if the mount is busy (a process has a file open or its working directory inside), it
+    /// is detached instead (`MNT_DETACH`): gone from the namespace at once, served until the last open
+    /// file is closed, then the session ends. Either way nothing stays mounted.
     pub fn unmount(&mut self) -> std::io::Result<()> {
-        self.0.unmount()
+        use std::os::unix::ffi::OsStrExt;
+        let Err(e) = self.session.unmount() else { return Ok(()) };
+        tracing::warn!("unmounting {}: {e}; detaching it", self.mountpoint.display());
+        let c =
+            std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+        // SAFETY: c is a NUL-terminated path that outlives the call.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
 }
 
@@ -668,11 +685,12 @@ impl Mount {
         options.n_threads = Some(threads);
         let session = fuser::Session::new(DdFs::new(backing, fe.clone()), mountpoint, &options)
             .map_err(|source| FuseError::Mount { path: mountpoint.into(), source })?;
-        Ok(Mount { session, fe })
+        let mountpoint = mountpoint.canonicalize().unwrap_or_else(|_| mountpoint.to_path_buf());
+        Ok(Mount { session, fe, mountpoint })
     }
 
     pub fn unmounter(&mut self) -> Unmounter {
-        Unmounter(self.session.unmount_callable())
+        Unmounter { session: self.session.unmount_callable(), mountpoint: self.mountpoint.clone() }
     }
 
     /// Serves requests until the filesystem is unmounted; returns the containers' counters.

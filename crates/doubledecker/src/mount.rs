@@ -97,11 +97,9 @@ pub fn run(a: MountArgs) -> Result<()> {
     let handle = signals.handle();
     let mountpoint = a.mountpoint.clone();
     let waiter = std::thread::spawn(move || {
-        for _ in signals.forever() {
-            // A busy mount (a process still inside it) refuses to go: say so and wait for the next signal.
-            match unmounter.unmount() {
-                Ok(()) => break,
-                Err(e) => eprintln!("doubledecker mount: unmounting {}: {e}", mountpoint.display()),
+        if signals.forever().next().is_some() {
+            if let Err(e) = unmounter.unmount() {
+                eprintln!("doubledecker mount: unmounting {}: {e}", mountpoint.display());
             }
         }
     });

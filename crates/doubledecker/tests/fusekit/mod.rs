@@ -167,16 +167,36 @@ impl MountProc {
         m
     }
 
-    /// SIGTERM: returns (clean exit, the containers' counters it printed).
+    /// SIGTERM: returns (clean exit, the containers' counters it printed). Bounded: a mount process
+    /// still there after 60 s is detached and killed (the test then fails on the exit status).
     pub fn stop(&mut self) -> (bool, serde_json::Value) {
-        let (ok, out) = self.proc_.term();
+        let Some(mut c) = self.proc_.child.take() else { return (false, serde_json::Value::Null) };
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let ok = loop {
+            match c.try_wait().unwrap() {
+                Some(st) => break st.success(),
+                None if Instant::now() > deadline => {
+                    let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break false;
+                }
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let mut out = String::new();
+        if let Some(mut o) = c.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
         (ok, serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Null))
     }
 }
 
 impl Drop for MountProc {
     fn drop(&mut self) {
-        self.proc_.term();
+        self.stop();
         if is_mounted(&self.mountpoint) {
             let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
         }
