@@ -13,6 +13,7 @@
 
 pub mod daemon;
 pub mod dedup;
+pub mod fuse;
 pub mod server;
 pub mod soak;
 pub mod ssd;
