@@ -105,7 +105,7 @@ fn random_operations(mnt: &Path, back: &Path) {
                 let direct = std::fs::read(back.join(n)).unwrap();
                 assert!(via == direct, "{}: mount and backing differ after {what}", n.display());
             };
-            for step in 0..150u64 {
+            for step in 0..250u64 {
                 let i = rng.gen_range(0..names.len());
                 let n = names[i].clone();
                 let what = match rng.gen_range(0..10) {
