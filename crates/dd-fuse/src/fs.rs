@@ -343,6 +343,46 @@ impl Filesystem for DdFs {
         }
     }
 
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let rel = match self.child(parent, link_name) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
+        };
+        let path = self.full(&rel);
+        if let Err(e) = std::os::unix::fs::symlink(target, &path) {
+            return reply.error(errno(&e));
+        }
+        DdFs::chown_to_caller(&path, req);
+        match self.entry_of(&rel) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        use std::os::unix::ffi::OsStrExt;
+        match self.rel(ino).map(|rel| std::fs::read_link(self.full(&rel))) {
+            Ok(Ok(t)) => reply.data(t.as_os_str().as_bytes()),
+            Ok(Err(e)) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        // Both names reach one backing inode, hence one object and one lock: coherence is unchanged.
+        let (from, to) = match (self.rel(ino), self.child(newparent, newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        if let Err(e) = std::fs::hard_link(self.full(&from), self.full(&to)) {
+            return reply.error(errno(&e));
+        }
+        match self.entry_of(&to) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let path = match self.child(parent, name) {
             Ok(rel) => self.full(&rel),

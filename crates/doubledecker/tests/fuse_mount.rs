@@ -133,6 +133,18 @@ fn containers_on_the_mount_use_their_own_pools() {
     let (w, dbs) = (pool_stats(&d, &v, web).counters, pool_stats(&d, &v, db).counters);
     assert!(dbs.migrations_in > 0 && w.migrations_out > 0, "w0 migrated from web to db: {w:?} {dbs:?}");
 
+    // Symbolic and hard links through the mount reach the same files.
+    let out = sh_in(
+        &groups.child("db"),
+        &format!(
+            "ln -s w1 {m}/lnk && ln {m}/d0 {m}/d0.hard && readlink {m}/lnk && sha256sum {m}/lnk {m}/d0.hard"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "w1");
+    assert_eq!(lines[1].split(' ').next().unwrap(), expected[1]);
+    assert_eq!(lines[2].split(' ').next().unwrap(), dexp[0]);
+
     // Shutdown leaves nothing behind: unmounted, the mount's pages flushed, pools destroyed.
     let (ok, stats) = mount.stop();
     assert!(ok, "doubledecker mount exits cleanly on SIGTERM");
