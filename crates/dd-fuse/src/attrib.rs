@@ -199,6 +199,21 @@ mod tests {
     }
 
     #[test]
+    fn hierarchy_roots_are_found() {
+        // Whatever cgroup hierarchies this machine mounts: a root is its own parent ("/"), the version
+        // follows the file system, and a directory elsewhere is refused.
+        for (dir, v1) in [("/sys/fs/cgroup/memory", true), ("/sys/fs/cgroup/unified", false)] {
+            if let Some(p) = ParentCgroup::locate(Path::new(dir)) {
+                assert_eq!(p, ParentCgroup { rel: "/".into(), v1 }, "{dir}");
+            }
+        }
+        if let Some(p) = ParentCgroup::locate(Path::new("/sys/fs/cgroup")) {
+            assert_eq!(p.rel, "/", "a v2-only machine mounts the unified hierarchy at /sys/fs/cgroup");
+        }
+        assert_eq!(ParentCgroup::locate(Path::new("/tmp")), None);
+    }
+
+    #[test]
     fn state_file_maps_names_to_pools() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s.json");
