@@ -23,6 +23,7 @@ pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod workload;
+pub mod ycsb;
 
 pub use error::LabError;
 pub use report::{CheckResult, ScenarioResult};
