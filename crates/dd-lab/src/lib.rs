@@ -18,6 +18,8 @@ pub mod backend;
 pub mod bundled;
 pub mod error;
 pub mod guest;
+pub mod kvstore;
+pub mod memctl;
 pub mod plot;
 pub mod report;
 pub mod scenario;
