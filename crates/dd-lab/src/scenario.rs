@@ -439,7 +439,7 @@ pub enum Event {
         mode: Mode,
     },
     /// Balloon the VM to `memory_mib` (down: VM-wide reclaim to fit), at once or, with `over_s > 0`,
-    /// in even steps of at most one second over `over_s` seconds (scaled).
+    /// in twenty even steps over `over_s` seconds (scaled).
     Balloon {
         at_s: f64,
         vm: String,

@@ -243,8 +243,7 @@ pub fn apply_variant(sc: &Scenario, v: &Variant) -> Scenario {
     s
 }
 
-/// The timeline with every gradual balloon (`over_s > 0`) replaced by even steps of at most one second
-/// from the VM's memory before it (its configured memory, or the previous balloon's target).
+/// The timeline with every gradual balloon (`over_s > 0`) replaced by twenty even steps from the VM's memory before it (its configured memory, or the previous balloon's target).
 fn expand_balloons(sc: &Scenario) -> Vec<Event> {
     let mut tl = sc.timeline.clone();
     tl.sort_by(|a, b| a.at_s().total_cmp(&b.at_s()));
@@ -256,7 +255,8 @@ fn expand_balloons(sc: &Scenario) -> Vec<Event> {
                 let Some(cur) = mem.iter_mut().find(|m| m.0 == vm) else { continue };
                 let from = cur.1;
                 cur.1 = memory_mib;
-                let steps = over_s.ceil().max(1.0) as u32;
+                // Twenty steps whatever the scale, so a scaled run inflates as gradually as a full one.
+                let steps = if over_s > 0.0 { 20 } else { 1 };
                 for i in 1..=steps {
                     let f = i as f64 / steps as f64;
                     out.push(Event::Balloon {
