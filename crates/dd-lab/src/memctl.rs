@@ -373,7 +373,14 @@ fn in_range(x: f64, min: Option<f64>, max: Option<f64>) -> bool {
     min.is_none_or(|m| x >= m) && max.is_none_or(|m| x <= m)
 }
 
+/// A bound as written in a scenario (scaled bounds print without float noise).
+fn num(x: f64) -> String {
+    let t = format!("{x:.3}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 fn range_text(min: Option<f64>, max: Option<f64>) -> String {
+    let (min, max) = (min.map(num), max.map(num));
     match (min, max) {
         (Some(a), Some(b)) => format!("want in [{a}, {b}]"),
         (Some(a), None) => format!("want >= {a}"),
@@ -566,11 +573,75 @@ pub fn wants_memory_plots(sc: &Scenario) -> bool {
     sc.vms.iter().any(|v| v.memctl.is_some())
 }
 
-/// Memory usage of every container over time (`memory_<variant>.png`). Returns the file names.
+/// Memory usage of every container over time (`memory_<variant>.png`), and for each pair of containers
+/// a `mem_ratio` check names, their usage ratio over time in every variant against the target
+/// (`ratio_<lhs>_<rhs>.png`, as Figures 4.6d, 4.7c and 4.9). Returns the file names.
 pub fn memory_plots(res: &ScenarioResult, dir: &std::path::Path) -> Result<Vec<String>, LabError> {
     use plotters::prelude::*;
     let perr = |e: &dyn std::fmt::Display| LabError::Plot(e.to_string());
     let mut out = Vec::new();
+    let mut pairs: Vec<(&str, &str, f64)> = Vec::new();
+    for c in &res.scenario.checks {
+        if let crate::scenario::CheckKind::MemRatio(m) = &c.kind {
+            if !pairs.iter().any(|p| p.0 == m.lhs && p.1 == m.rhs) {
+                pairs.push((&m.lhs, &m.rhs, m.target));
+            }
+        }
+    }
+    for (lhs, rhs, target) in pairs {
+        let f = format!("ratio_{lhs}_{rhs}.png");
+        let path = dir.join(&f);
+        let root = BitMapBackend::new(&path, (900, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| perr(&e))?;
+        let mut lines = Vec::new();
+        for r in &res.runs {
+            let (Ok(l), Ok(h)) = (ct_of(r, lhs), ct_of(r, rhs)) else { continue };
+            let (a, b) = (series(r, l, 0.0, None), series(r, h, 0.0, None));
+            let pts: Vec<(f64, f64)> = a
+                .iter()
+                .zip(&b)
+                .filter(|(_, y)| y.memcg_pages > 0)
+                .map(|(x, y)| (x.t_s, x.memcg_pages as f64 / y.memcg_pages as f64))
+                .collect();
+            lines.push((r.variant.clone(), pts));
+        }
+        let dur = res.runs.first().map_or(1.0, |r| r.duration_s);
+        let ymax =
+            lines.iter().flat_map(|l| l.1.iter().map(|p| p.1)).fold(target * 1.5, f64::max).min(target * 4.0);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("{}: usage {lhs} / {rhs}", res.scenario.name), ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..dur, 0f64..ymax)
+            .map_err(|e| perr(&e))?;
+        chart.configure_mesh().x_desc("time (s)").y_desc("ratio").draw().map_err(|e| perr(&e))?;
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, target), (dur, target)],
+                6,
+                4,
+                BLACK.stroke_width(1),
+            ))
+            .map_err(|e| perr(&e))?;
+        for (i, (name, pts)) in lines.into_iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(|e| perr(&e))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| perr(&e))?;
+        root.present().map_err(|e| perr(&e))?;
+        out.push(f);
+    }
     for run in &res.runs {
         let f = format!(
             "memory_{}.png",
