@@ -29,6 +29,8 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 const NS: f64 = 1e9;
+/// Object id of the swap area's slots on the disk (above every file's id).
+const SWAP_OBJECT: u32 = u32::MAX - 1;
 
 /// One sampling interval of one container (counters are deltas over the interval, levels are at its
 /// end). Sizes are 4 KiB pages.
@@ -202,6 +204,8 @@ pub struct Sim<B: SecondChance> {
     controls: Vec<Event>,
     evbuf: Vec<Evicted>,
     touches: Vec<Touch>,
+    /// Last swap slot written (see `handle_evictions`).
+    swap_slot: u32,
     samples: Vec<Sample>,
     accesses: u64,
     variant: String,
@@ -365,6 +369,7 @@ impl<B: SecondChance> Sim<B> {
             controls,
             evbuf: Vec::new(),
             touches: Vec::new(),
+            swap_slot: 0,
             samples: Vec::new(),
             accesses: 0,
             variant: variant.name.clone(),
@@ -917,8 +922,9 @@ impl<B: SecondChance> Sim<B> {
             *t = b;
             st.next_at = b + st.interval_ns;
         }
+        let was_loaded = st.loaded();
         let bytes = st.next(&mut ct.rng, &mut touches);
-        let (kind, obj) = (st.kind, ct.first_obj);
+        let (kind, obj, load_done) = (st.kind, ct.first_obj, !was_loaded && st.loaded());
         let mut r = Ok(());
         for &(first, n, write) in &touches {
             r = match (kind, write) {
@@ -935,6 +941,12 @@ impl<B: SecondChance> Sim<B> {
             }
         }
         self.touches = touches;
+        if r.is_ok() && load_done && kind == Db::Mongo {
+            // mongod syncs its data files after a bulk load (and every `syncdelay`); without it every
+            // loaded page would still be dirty when reclaim first reaches it, and its write-back would
+            // queue behind the faults of the whole VM.
+            self.fsync(c, obj, t);
+        }
         r.map(|_| bytes)
     }
 
@@ -1164,7 +1176,11 @@ impl<B: SecondChance> Sim<B> {
                     None => false,
                 };
                 if !stored {
-                    self.disk.io(*t, e.key, 1, true);
+                    // Linux hands out swap slots in clusters, so the pages one reclaim pass swaps out
+                    // are written one after the other: the swap device sees a sequential stream, not a
+                    // seek per page (which queued minutes of writes behind a balloon of a few GiB).
+                    self.swap_slot = self.swap_slot.wrapping_add(1);
+                    self.disk.io(*t, key(SWAP_OBJECT, self.swap_slot), 1, true);
                 }
                 continue;
             }
