@@ -135,3 +135,15 @@ fn memctl_settings_are_validated_by_field() {
     assert!(bad("record_count = 20000", "record_count = 0").contains("record_count"));
     assert!(Scenario::from_toml(&ok.replace("policy = \"proportional\"", "policy = \"fair\"")).is_err());
 }
+
+#[test]
+fn thesis4_scenarios_are_deterministic_and_pass_at_small_scale() {
+    for name in ["thesis4-fig4.6-4.7-ratio", "thesis4-fig4.8-gold"] {
+        let sc = dd_lab::bundled::get(name).unwrap();
+        let opts = RunOptions { scale: Some(0.05), ..Default::default() };
+        let a = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
+        let b = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
+        assert_eq!(dd_lab::report::summary_json(&a), dd_lab::report::summary_json(&b), "{name}");
+        assert!(a.all_passed(), "{name}: {:?}", a.checks.iter().filter(|c| !c.passed).collect::<Vec<_>>());
+    }
+}
