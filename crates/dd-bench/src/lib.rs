@@ -14,6 +14,7 @@
 
 pub mod daemon;
 pub mod dedup;
+pub mod fuse;
 pub mod remote;
 pub mod server;
 pub mod soak;

@@ -103,6 +103,10 @@ pub struct MemcgCounters {
     pub reclaimed_local: u64,
     /// Pages reclaimed by VM-wide reclaim.
     pub reclaimed_global: u64,
+    /// Of those, pages a VM memory controller took by a directed decision (soft-limit or proportional
+    /// exceed) and by its LRU fallback (`memctl`; both stay 0 without a controller).
+    pub reclaimed_directed: u64,
+    pub reclaimed_lru: u64,
 }
 
 /// A page the guest dropped: the sink writes it back if dirty and puts it to the pool or swaps it.
@@ -128,6 +132,8 @@ pub struct Guest {
     clock: u64,
     mode: LruMode,
     batch: u64,
+    /// The VM's memory controller; `None` keeps the built-in soft-limit/global-LRU victim choice.
+    pub memctl: Option<crate::memctl::GuestMemctl>,
 }
 
 impl Guest {
@@ -142,6 +148,7 @@ impl Guest {
             clock: 0,
             mode,
             batch: reclaim_batch as u64,
+            memctl: None,
         }
     }
 
@@ -396,9 +403,19 @@ impl Guest {
         if let Some((_, i)) = best {
             return Some(i);
         }
+        self.oldest_memcg(0..self.cgs.len())
+    }
+
+    /// Pages per reclaim pass.
+    pub fn batch(&self) -> u64 {
+        self.batch
+    }
+
+    /// Of `members`, the memcg whose oldest page is the oldest (a global LRU at batch granularity).
+    pub fn oldest_memcg(&self, members: impl IntoIterator<Item = usize>) -> Option<usize> {
         let mut oldest: Option<(u64, usize)> = None;
-        for (ci, c) in self.cgs.iter().enumerate() {
-            for l in c.lists.iter() {
+        for ci in members {
+            for l in self.cgs[ci].lists.iter() {
                 if l.tail != NIL {
                     let s = self.slab[l.tail as usize].stamp;
                     if oldest.is_none_or(|(o, _)| s < o) {
@@ -410,8 +427,12 @@ impl Guest {
         oldest.map(|(_, i)| i)
     }
 
-    /// One VM-wide reclaim pass of up to `n` pages. Returns pages freed.
+    /// One VM-wide reclaim pass of up to `n` pages (with a memory controller: one request of its own
+    /// size, see `memctl`). Returns pages freed.
     pub fn reclaim_global(&mut self, n: u64, sink: &mut dyn FnMut(Evicted)) -> u64 {
+        if self.memctl.is_some() {
+            return crate::memctl::reclaim(self, n, sink);
+        }
         match self.global_victim() {
             Some(cg) => {
                 let c = &self.cgs[cg];

@@ -5,7 +5,10 @@
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
 //! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`guest`] (page cache,
-//! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`backend`] (the
+//! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F
+//! request generators), [`kvstore`] (Redis-like and MongoDB-like stores), [`memctl`] (the VM memory
+//! controller of thesis 000 chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory
+//! plots), [`backend`] (the
 //! second-chance cache interface and the in-process engine), [`sim`] (event queue, clock, I/O path,
 //! timeline, sampling), [`report`] (checks, `summary.json`, `timeseries.csv`), [`plot`] (PNGs,
 //! `report.html`, index page), [`bundled`] (the scenarios shipped with the binary).
@@ -18,11 +21,14 @@ pub mod backend;
 pub mod bundled;
 pub mod error;
 pub mod guest;
+pub mod kvstore;
+pub mod memctl;
 pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod workload;
+pub mod ycsb;
 
 pub use error::LabError;
 pub use report::{CheckResult, ScenarioResult};

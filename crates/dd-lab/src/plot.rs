@@ -194,6 +194,9 @@ pub fn write_plots_and_report(res: &ScenarioResult, dir: &Path) -> Result<(), La
     }
     throughput_plot(res, &dir.join("throughput.png"))?;
     imgs.push("throughput.png".into());
+    if crate::memctl::wants_memory_plots(&res.scenario) {
+        imgs.extend(crate::memctl::memory_plots(res, dir)?);
+    }
     let mut h = String::new();
     let _ = write!(
         h,

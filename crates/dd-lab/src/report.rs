@@ -224,6 +224,10 @@ pub fn evaluate(sc: &Scenario, runs: &[RunResult]) -> Vec<CheckResult> {
                     ),
                 ))
             }
+            CheckKind::MemRatio(m) => crate::memctl::eval_mem_ratio(runs, m),
+            CheckKind::ExceedGap(m) => crate::memctl::eval_exceed_gap(sc, runs, m),
+            CheckKind::ReclaimMode(m) => crate::memctl::eval_reclaim_mode(runs, m),
+            CheckKind::Protected(m) => crate::memctl::eval_protected(sc, runs, m),
             CheckKind::Coherent => {
                 has_coherent = true;
                 Ok((verified > 0, format!("{verified} second-chance hits verified, none stale")))

@@ -203,6 +203,9 @@ pub struct Vm {
     /// Weight in the SSD store. Default 100.
     #[serde(default = "d_w")]
     pub ssd_weight: u32,
+    /// The VM's memory controller (thesis 000 chapter 4). Default none: Linux's own reclaim.
+    #[serde(default)]
+    pub memctl: Option<crate::memctl::VmMemctl>,
     pub containers: Vec<Container>,
 }
 
@@ -333,6 +336,24 @@ pub enum Workload {
         #[serde(default = "d_half")]
         write_fraction: f64,
     },
+    /// A YCSB client (`workload`: a..f) against an emulated store: `redis` keeps the records in
+    /// anonymous memory (swapped out on reclaim, faulted back on access), `mongo` in an mmap'd file
+    /// (file pages through the page cache and the container's cleancache pool).
+    Ycsb {
+        store: crate::kvstore::StoreKind,
+        workload: crate::ycsb::YcsbWorkload,
+        /// Records loaded before the run (YCSB `recordcount`); scaled. Default 1000.
+        #[serde(default = "d_1000")]
+        record_count: u64,
+        /// Bytes of one record in memory, KiB. Default 1 (YCSB's 10 fields of 100 bytes).
+        #[serde(default = "d_one")]
+        record_kib: f64,
+        #[serde(default = "d_1")]
+        nthreads: u32,
+        /// Request rate of the client (YCSB `-target`), operations/s; 0 (default) runs closed-loop.
+        #[serde(default)]
+        target_ops_s: f64,
+    },
     /// Replay of a block trace (CSV: `object,index,pages,op` with op `R` or `W`), as fast as the
     /// modelled latencies allow, looping at the end. The path is relative to the scenario file.
     Trace {
@@ -417,11 +438,14 @@ pub enum Event {
         at_s: f64,
         mode: Mode,
     },
-    /// Balloon the VM to `memory_mib` (down: VM-wide reclaim to fit).
+    /// Balloon the VM to `memory_mib` (down: VM-wide reclaim to fit), at once or, with `over_s > 0`,
+    /// in twenty even steps over `over_s` seconds (scaled).
     Balloon {
         at_s: f64,
         vm: String,
         memory_mib: f64,
+        #[serde(default)]
+        over_s: f64,
     },
 }
 
@@ -479,6 +503,9 @@ pub struct Variant {
     pub vm_memory_mib: BTreeMap<String, f64>,
     #[serde(default)]
     pub containers: BTreeMap<String, ContainerOverride>,
+    /// Per-VM memory-controller overrides (policy, chunk cap).
+    #[serde(default)]
+    pub memctl: BTreeMap<String, crate::memctl::MemctlOverride>,
 }
 
 /// What a check measures for one container or VM of one variant.
@@ -566,6 +593,14 @@ pub enum CheckKind {
     },
     /// The run verified every second-chance hit's content and never saw stale data (always checked).
     Coherent,
+    /// Memory usage ratio of two containers against a target, per sample (`memctl`).
+    MemRatio(crate::memctl::MemRatioCheck),
+    /// Gap between two containers' exceeds over their soft limits, per sample (`memctl`).
+    ExceedGap(crate::memctl::ExceedGapCheck),
+    /// Share of VM-wide reclaim that was directed rather than LRU (`memctl`).
+    ReclaimMode(crate::memctl::ReclaimModeCheck),
+    /// A container keeps its memory while others can still give (`memctl`).
+    Protected(crate::memctl::ProtectedCheck),
 }
 
 fn d_tol() -> f64 {
@@ -683,6 +718,10 @@ impl Scenario {
                 }
                 validate_workload(&c.workload, &format!("{p}.workload"))?;
             }
+            if let Some(m) = &vm.memctl {
+                let names: Vec<&str> = vm.containers.iter().map(|c| c.name.as_str()).collect();
+                m.validate(&format!("{p}.memctl"), &names)?;
+            }
         }
         for (i, e) in self.timeline.iter().enumerate() {
             let p = format!("timeline[{i}]");
@@ -702,12 +741,15 @@ impl Scenario {
                         return bad(&format!("{p}.vm"), "no such VM");
                     }
                 }
-                Event::Balloon { vm, memory_mib, .. } => {
+                Event::Balloon { vm, memory_mib, over_s, .. } => {
                     if !vm_names.contains(vm) {
                         return bad(&format!("{p}.vm"), "no such VM");
                     }
                     if !(memory_mib.is_finite() && *memory_mib > 0.0) {
                         return bad(&format!("{p}.memory_mib"), "must be positive");
+                    }
+                    if !fin(*over_s) {
+                        return bad(&format!("{p}.over_s"), "must be non-negative");
                     }
                 }
                 Event::SetCapacity { mib, .. } => {
@@ -732,6 +774,14 @@ impl Scenario {
             for k in v.vm_memory_mib.keys() {
                 if !vm_names.contains(k) {
                     return bad(&format!("{p}.vm_memory_mib.{k}"), "no such VM");
+                }
+            }
+            for (k, o) in &v.memctl {
+                if !self.vms.iter().any(|vm| &vm.name == k && vm.memctl.is_some()) {
+                    return bad(&format!("{p}.memctl.{k}"), "no such VM with a [vms.memctl] table");
+                }
+                if o.chunk_cap_mib.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                    return bad(&format!("{p}.memctl.{k}.chunk_cap_mib"), "must be positive");
                 }
             }
         }
@@ -780,6 +830,41 @@ impl Scenario {
                     }
                 }
                 CheckKind::Coherent => {}
+                CheckKind::MemRatio(m) => {
+                    if !(ct_names.contains(&m.lhs) && ct_names.contains(&m.rhs)) {
+                        return bad(&format!("{p}.lhs"), "lhs and rhs must be containers");
+                    }
+                    if m.variants.iter().any(|v| !var_names.contains(v)) {
+                        return bad(&format!("{p}.variants"), "no such variant");
+                    }
+                    if !(m.target.is_finite() && m.target > 0.0) {
+                        return bad(&format!("{p}.target"), "must be positive");
+                    }
+                }
+                CheckKind::ExceedGap(m) => {
+                    if !(ct_names.contains(&m.lhs) && ct_names.contains(&m.rhs)) {
+                        return bad(&format!("{p}.lhs"), "lhs and rhs must be containers");
+                    }
+                    if !variant_ok(&m.variant) {
+                        return bad(&format!("{p}.variant"), "no such variant");
+                    }
+                }
+                CheckKind::ReclaimMode(m) => {
+                    if m.entities.is_empty() || m.entities.iter().any(|e| !ct_names.contains(e)) {
+                        return bad(&format!("{p}.entities"), "needs existing containers");
+                    }
+                    if !variant_ok(&m.variant) {
+                        return bad(&format!("{p}.variant"), "no such variant");
+                    }
+                }
+                CheckKind::Protected(m) => {
+                    if !ct_names.contains(&m.protected) || m.others.iter().any(|e| !ct_names.contains(e)) {
+                        return bad(&format!("{p}.protected"), "protected and others must be containers");
+                    }
+                    if !variant_ok(&m.variant) {
+                        return bad(&format!("{p}.variant"), "no such variant");
+                    }
+                }
             }
         }
         Ok(())
@@ -797,6 +882,9 @@ impl Scenario {
         s.host.eviction_batch_mib *= k;
         for vm in &mut s.vms {
             vm.memory_mib *= k;
+            if let Some(m) = vm.memctl.as_mut() {
+                m.scale(k);
+            }
             for c in &mut vm.containers {
                 c.memory_limit_mib = c.memory_limit_mib.map(|v| v * k);
                 c.soft_limit_mib = c.soft_limit_mib.map(|v| v * k);
@@ -808,7 +896,11 @@ impl Scenario {
         for e in &mut s.timeline {
             *e.at_mut() *= k;
             match e {
-                Event::SetCapacity { mib, .. } | Event::Balloon { memory_mib: mib, .. } => *mib *= k,
+                Event::SetCapacity { mib, .. } => *mib *= k,
+                Event::Balloon { memory_mib, over_s, .. } => {
+                    *memory_mib *= k;
+                    *over_s *= k;
+                }
                 _ => {}
             }
         }
@@ -821,6 +913,9 @@ impl Scenario {
             for o in v.containers.values_mut() {
                 o.memory_limit_mib = o.memory_limit_mib.map(|x| x * k);
                 o.start_s = o.start_s.map(|x| x * k);
+            }
+            for o in v.memctl.values_mut() {
+                o.chunk_cap_mib = o.chunk_cap_mib.map(|x| x * k);
             }
         }
         let sm = |m: &mut Measure| {
@@ -850,6 +945,10 @@ impl Scenario {
                     *to_s = to_s.map(|x| x * k);
                 }
                 CheckKind::Coherent => {}
+                CheckKind::MemRatio(m) => m.scale(k),
+                CheckKind::ExceedGap(m) => m.scale(k),
+                CheckKind::ReclaimMode(m) => m.scale(k),
+                CheckKind::Protected(m) => m.scale(k),
             }
         }
         s
@@ -869,6 +968,7 @@ fn scale_workload(w: &mut Workload, k: f64) {
             *repint_s *= k;
         }
         Workload::Kv { dataset_mib, .. } => *dataset_mib *= k,
+        Workload::Ycsb { record_count, .. } => n(record_count),
         Workload::Trace { .. } => {}
     }
 }
@@ -931,6 +1031,16 @@ fn validate_workload(w: &Workload, p: &str) -> Result<(), LabError> {
             pos(*dataset_mib, "dataset_mib")?;
             if !(0.0..=1.0).contains(write_fraction) {
                 return Err(LabError::invalid(&format!("{p}.write_fraction"), "must be in [0, 1]"));
+            }
+            thr(*nthreads)
+        }
+        Workload::Ycsb { record_count, record_kib, nthreads, target_ops_s, .. } => {
+            if *record_count == 0 || *record_count > (1 << 30) {
+                return Err(LabError::invalid(&format!("{p}.record_count"), "must be in 1..=2^30"));
+            }
+            pos(*record_kib, "record_kib")?;
+            if !(target_ops_s.is_finite() && *target_ops_s >= 0.0) {
+                return Err(LabError::invalid(&format!("{p}.target_ops_s"), "must be non-negative"));
             }
             thr(*nthreads)
         }

@@ -18,6 +18,7 @@
 use crate::backend::SecondChance;
 use crate::error::LabError;
 use crate::guest::{key, key_index, key_object, Evicted, Guest};
+use crate::kvstore::{Store, StoreKind as Db, Touch};
 use crate::scenario::{mib_pages, Container, Event, Scenario, Timing, Variant, Workload};
 use crate::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Role, Trace};
 use dd_engine::{Counters, PoolKind, Spec, StoreKind};
@@ -28,6 +29,8 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 const NS: f64 = 1e9;
+/// Object id of the swap area's slots on the disk (above every file's id).
+const SWAP_OBJECT: u32 = u32::MAX - 1;
 
 /// One sampling interval of one container (counters are deltas over the interval, levels are at its
 /// end). Sizes are 4 KiB pages.
@@ -55,6 +58,10 @@ pub struct Sample {
     pub pc_hits: u64,
     pub pc_misses: u64,
     pub disk_reads: u64,
+    /// Cumulative pages a VM memory controller took from the container by a directed decision and by
+    /// its LRU fallback (levels, not deltas; 0 without a controller).
+    pub reclaimed_directed: u64,
+    pub reclaimed_lru: u64,
 }
 
 /// Per-container totals of a run.
@@ -95,6 +102,7 @@ enum Kind {
     Mail { append_kib: f64 },
     Video { read_pages: u32, write_pages: u32, repint_ns: u64, file_pages: u32, read_page_ns: u64 },
     Kv { pages: u32, write_fraction: f64 },
+    Ycsb,
     Trace { repeat: bool },
 }
 
@@ -122,6 +130,7 @@ struct Ct {
     log_obj: u32,
     first_obj: u32,
     anon: Option<Anon>,
+    store: Option<Box<Store>>,
     trace: Option<Arc<Trace>>,
     rng: ChaCha8Rng,
     tot: CtTotals,
@@ -194,6 +203,9 @@ pub struct Sim<B: SecondChance> {
     sample_ns: u64,
     controls: Vec<Event>,
     evbuf: Vec<Evicted>,
+    touches: Vec<Touch>,
+    /// Last swap slot written (see `handle_evictions`).
+    swap_slot: u32,
     samples: Vec<Sample>,
     accesses: u64,
     variant: String,
@@ -215,6 +227,9 @@ pub fn apply_variant(sc: &Scenario, v: &Variant) -> Scenario {
         if let Some(m) = v.vm_memory_mib.get(&vm.name) {
             vm.memory_mib = *m;
         }
+        if let (Some(m), Some(o)) = (vm.memctl.as_mut(), v.memctl.get(&vm.name)) {
+            m.apply(o);
+        }
         for c in &mut vm.containers {
             if let Some(o) = v.containers.get(&c.name) {
                 if let Some(spec) = o.cache {
@@ -230,6 +245,36 @@ pub fn apply_variant(sc: &Scenario, v: &Variant) -> Scenario {
         }
     }
     s
+}
+
+/// The timeline with every gradual balloon (`over_s > 0`) replaced by twenty even steps from the VM's memory before it (its configured memory, or the previous balloon's target).
+fn expand_balloons(sc: &Scenario) -> Vec<Event> {
+    let mut tl = sc.timeline.clone();
+    tl.sort_by(|a, b| a.at_s().total_cmp(&b.at_s()));
+    let mut mem: Vec<(String, f64)> = sc.vms.iter().map(|v| (v.name.clone(), v.memory_mib)).collect();
+    let mut out = Vec::new();
+    for e in tl {
+        match e {
+            Event::Balloon { at_s, vm, memory_mib, over_s } => {
+                let Some(cur) = mem.iter_mut().find(|m| m.0 == vm) else { continue };
+                let from = cur.1;
+                cur.1 = memory_mib;
+                // Twenty steps whatever the scale, so a scaled run inflates as gradually as a full one.
+                let steps = if over_s > 0.0 { 20 } else { 1 };
+                for i in 1..=steps {
+                    let f = i as f64 / steps as f64;
+                    out.push(Event::Balloon {
+                        at_s: at_s + over_s * f,
+                        vm: vm.clone(),
+                        memory_mib: from + (memory_mib - from) * f,
+                        over_s: 0.0,
+                    });
+                }
+            }
+            e => out.push(e),
+        }
+    }
+    out
 }
 
 fn ns(s: f64) -> u64 {
@@ -283,13 +328,17 @@ impl<B: SecondChance> Sim<B> {
                 }
                 cts.push(ct);
             }
+            if let Some(m) = &vm.memctl {
+                let names: Vec<&str> = vm.containers.iter().map(|c| c.name.as_str()).collect();
+                g.memctl = Some(m.resolve(&names));
+            }
             guests.push(g);
             vm_cts.push(list);
         }
         if next_obj > u32::MAX as u64 / 2 {
             return Err(LabError::invalid("vms", "too many files in the scenario (more than 2^31)"));
         }
-        controls.extend(sc.timeline.iter().cloned());
+        controls.extend(expand_balloons(sc));
         // Stable: events at the same time keep the file's order (container starts first).
         controls.sort_by(|a, b| a.at_s().total_cmp(&b.at_s()));
         let cursor = vec![0u32; size.len()];
@@ -319,6 +368,8 @@ impl<B: SecondChance> Sim<B> {
             sample_ns: ns(sc.sample_interval_s).max(1),
             controls,
             evbuf: Vec::new(),
+            touches: Vec::new(),
+            swap_slot: 0,
             samples: Vec::new(),
             accesses: 0,
             variant: variant.name.clone(),
@@ -361,6 +412,7 @@ impl<B: SecondChance> Sim<B> {
         let mut fs = Vec::new();
         let mut log_obj = 0;
         let mut anon = None;
+        let mut store = None;
         let kind = match &c.workload {
             Workload::Webserver { nfiles, filesize_kib, appendsize_kib, selection, .. }
             | Workload::Webproxy { nfiles, filesize_kib, appendsize_kib, selection, .. }
@@ -422,6 +474,25 @@ impl<B: SecondChance> Sim<B> {
                 anon = Some(Anon { object: first, ver: vec![0; pages], swapped: vec![false; pages] });
                 Kind::Kv { pages: pages as u32, write_fraction: *write_fraction }
             }
+            Workload::Ycsb { store: sk, workload, record_count, record_kib, target_ops_s, .. } => {
+                let st = Store::new(*sk, *workload, *record_count, *record_kib, *target_ops_s);
+                let cap = st.capacity_pages();
+                match sk {
+                    Db::Redis => {
+                        size.push(cap);
+                        gen.push(0);
+                        let n = cap as usize;
+                        anon = Some(Anon { object: first, ver: vec![0; n], swapped: vec![false; n] });
+                    }
+                    // The data file grows as records are loaded and inserted.
+                    Db::Mongo => {
+                        size.push(0);
+                        gen.push(1);
+                    }
+                }
+                store = Some(Box::new(st));
+                Kind::Ycsb
+            }
             Workload::Trace { repeat, .. } => {
                 let t = trace.as_ref().map_or(0, |t| t.objects);
                 for _ in 0..t {
@@ -450,6 +521,7 @@ impl<B: SecondChance> Sim<B> {
             log_obj,
             first_obj: first,
             anon,
+            store,
             trace,
             rng,
             tot: CtTotals::default(),
@@ -650,6 +722,8 @@ impl<B: SecondChance> Sim<B> {
                 pc_hits: m.counters.hits - lt.pc_hits,
                 pc_misses: m.counters.misses - lt.pc_misses,
                 disk_reads: tt.disk_reads - lt.disk_reads,
+                reclaimed_directed: m.counters.reclaimed_directed,
+                reclaimed_lru: m.counters.reclaimed_lru,
             };
             self.samples.push(s);
             let (h, mi) = (m.counters.hits, m.counters.misses);
@@ -795,6 +869,11 @@ impl<B: SecondChance> Sim<B> {
                 ops += 1;
                 bytes += 4096;
             }
+            (Kind::Ycsb, Role::Loop { .. }) => {
+                bytes += self.ycsb_request(c, &mut t)?;
+                t += cpu;
+                ops += 1;
+            }
             (Kind::Trace { repeat }, Role::Trace { row }) => {
                 let tr = self.cts[c]
                     .trace
@@ -826,6 +905,49 @@ impl<B: SecondChance> Sim<B> {
         tot.bytes += bytes;
         tot.lat_ns += lat;
         Ok(Some(lat))
+    }
+
+    /// One YCSB request against the container's store: waits for the client's rate, then charges each
+    /// page run the store touches (heap pages through the anonymous path, data-file pages through the
+    /// page cache). Returns the record bytes.
+    fn ycsb_request(&mut self, c: usize, t: &mut u64) -> Result<u64, LabError> {
+        let mut touches = std::mem::take(&mut self.touches);
+        let ct = &mut self.cts[c];
+        let Some(st) = ct.store.as_mut() else {
+            return Err(LabError::invalid("workload", "YCSB store not built"));
+        };
+        if st.interval_ns > 0 {
+            let b = (*t).max(st.next_at);
+            self.io_wait += b - *t;
+            *t = b;
+            st.next_at = b + st.interval_ns;
+        }
+        let was_loaded = st.loaded();
+        let bytes = st.next(&mut ct.rng, &mut touches);
+        let (kind, obj, load_done) = (st.kind, ct.first_obj, !was_loaded && st.loaded());
+        let mut r = Ok(());
+        for &(first, n, write) in &touches {
+            r = match (kind, write) {
+                (Db::Redis, _) => (first..first + n).try_for_each(|p| self.anon_access(c, p, write, t)),
+                (Db::Mongo, false) => self.read_range(c, obj, first, n, t),
+                (Db::Mongo, true) => (first..first + n).try_for_each(|p| self.write_page(c, obj, p, t)),
+            };
+            if r.is_err() {
+                break;
+            }
+            if kind == Db::Mongo {
+                let sz = &mut self.size[obj as usize];
+                *sz = (*sz).max(first + n);
+            }
+        }
+        self.touches = touches;
+        if r.is_ok() && load_done && kind == Db::Mongo {
+            // mongod syncs its data files after a bulk load (and every `syncdelay`); without it every
+            // loaded page would still be dirty when reclaim first reaches it, and its write-back would
+            // queue behind the faults of the whole VM.
+            self.fsync(c, obj, t);
+        }
+        r.map(|_| bytes)
     }
 
     fn trace_row(&mut self, c: usize, tr: &Trace, row: usize, t: &mut u64) -> Result<(), LabError> {
@@ -1054,7 +1176,11 @@ impl<B: SecondChance> Sim<B> {
                     None => false,
                 };
                 if !stored {
-                    self.disk.io(*t, e.key, 1, true);
+                    // Linux hands out swap slots in clusters, so the pages one reclaim pass swaps out
+                    // are written one after the other: the swap device sees a sequential stream, not a
+                    // seek per page (which queued minutes of writes behind a balloon of a few GiB).
+                    self.swap_slot = self.swap_slot.wrapping_add(1);
+                    self.disk.io(*t, key(SWAP_OBJECT, self.swap_slot), 1, true);
                 }
                 continue;
             }

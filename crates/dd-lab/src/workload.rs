@@ -149,7 +149,7 @@ pub fn objects_needed(w: &Workload, trace: Option<&Trace>) -> u64 {
         Workload::Webserver { nfiles, .. } => nfiles + 1,
         Workload::Webproxy { nfiles, .. } | Workload::Varmail { nfiles, .. } => *nfiles,
         Workload::Videoserver { numactivevids, numpassivevids, .. } => numactivevids + numpassivevids,
-        Workload::Kv { .. } => 1,
+        Workload::Kv { .. } | Workload::Ycsb { .. } => 1,
         Workload::Trace { .. } => trace.map_or(0, |t| t.objects as u64),
     }
 }
@@ -160,7 +160,8 @@ pub fn thread_roles(w: &Workload) -> Vec<Role> {
         Workload::Webserver { nthreads, .. }
         | Workload::Webproxy { nthreads, .. }
         | Workload::Varmail { nthreads, .. }
-        | Workload::Kv { nthreads, .. } => vec![Role::Loop { step: 0 }; *nthreads as usize],
+        | Workload::Kv { nthreads, .. }
+        | Workload::Ycsb { nthreads, .. } => vec![Role::Loop { step: 0 }; *nthreads as usize],
         Workload::Videoserver { nthreads, .. } => {
             let mut v = vec![Role::Loop { step: 0 }; *nthreads as usize];
             v.push(Role::VideoWriter { file: 0, done: 0, total: 0, step: 0 });

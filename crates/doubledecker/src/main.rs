@@ -5,6 +5,7 @@ mod bench;
 mod guest;
 mod lab;
 mod memctl;
+mod mount;
 mod serve;
 mod soak;
 
@@ -66,6 +67,9 @@ enum Command {
         #[command(subcommand)]
         which: guest::GuestCommand,
     },
+    /// Serve a backing directory through DoubleDecker (FUSE): per-container first-level page caches whose
+    /// evicted pages go to the containers' pools. Foreground; SIGINT/SIGTERM unmount.
+    Mount(mount::MountArgs),
     /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (SPEC section 10).
     Lab {
         #[command(subcommand)]
@@ -99,5 +103,6 @@ fn main() -> Result<()> {
         Command::Stats { conn, args } => admin_cli::stats(&conn, args),
         Command::Lab { which } => lab::run(which),
         Command::Guest { which } => guest::run(which),
+        Command::Mount(a) => mount::run(a),
     }
 }

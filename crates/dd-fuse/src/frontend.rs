@@ -1,0 +1,698 @@
+//! The cleancache frontend of paper 002 (section 4.1) in user space: per-container first-level page
+//! caches in front of the daemon's pools, in front of the backing directory.
+//!
+//! Owns: the containers (each with its [`Level1`] cache and counters), the per-file [`Object`] state,
+//! and the connections to the daemon. An object is a backing file, identified to the daemon by its
+//! backing inode number (stable across renames, so a renamed file keeps its cached pages).
+//!
+//! Data path. A read of container C looks each page up in C's first level, then gets the missing ones
+//! from C's pool (exclusive: the pool forgets them), then reads the rest from the backing file (one
+//! request per contiguous run, each delayed by `backing_read_latency_us`), and fills C's first level;
+//! pages pushed out of it are put to C's pool. A write goes to the backing file, then drops the pages it
+//! covers from every first level and flushes them from every pool that may hold them. Truncation,
+//! unlink, an overwriting rename and a change of the backing file behind the mount's back drop and
+//! flush the whole object. An object read by another container than its owner migrates: its
+//! first-level pages move to the new owner's first level and its pool pages with MIGRATE_OBJECT.
+//!
+//! Coherence (a reader sees what the backing file holds, for changes made through the mount): every
+//! object has a reader-writer lock and a write generation. Reads (lookups, pool gets, backing reads and
+//! first-level fills) hold it shared; writes, truncation, invalidation and migration hold it
+//! exclusively and bump the generation. A first-level page remembers the generation it was filled at;
+//! a page evicted later is put to a pool only under the shared lock and only if the generation is
+//! unchanged, so a put can never re-insert a page that a write has invalidated since it was read.
+//! Changes made to the backing directory directly are detected by the (inode, size, mtime, ctime) stamp
+//! each read compares under the lock; a change within one timestamp tick that keeps the size is not seen
+//! (documented in README).
+//!
+//! Lock order: object lock (at most one held blocking; other objects' locks only by
+//! `try_read_recursive`, which never waits) -> container first-level mutexes, `objects`, `containers`,
+//! an object's small mutexes, the idle-connection list (all leaves). Network I/O happens only under an
+//! object lock, which only users of that same file need; never under a first-level mutex.
+
+use crate::attrib::{Attributor, ParentCgroup, UNATTRIBUTED};
+use crate::config::{FuseConfig, PAGE_SIZE};
+use crate::level1::{Evicted, Level1};
+use dd_client::{Client, ClientError};
+use dd_engine::{Key, PoolId};
+use dd_guest::watch::DaemonConfig;
+use dd_proto::{Request, Response};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{File, Metadata};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Writes covering more pages than this flush the whole object instead of page by page.
+const MAX_PAGE_FLUSHES: u64 = 1024;
+
+/// Errors of starting the frontend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrontendError {
+    #[error("daemon: {0}")]
+    Daemon(#[from] ClientError),
+    #[error("cgroup_parent {0} is not a directory of a cgroup filesystem")]
+    NotACgroup(std::path::PathBuf),
+}
+
+/// What identifies the content of a backing file at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(m: &Metadata) -> Stamp {
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        Stamp {
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// One backing file's cache state.
+pub struct Object {
+    pub id: u64,
+    lock: RwLock<()>,
+    generation: AtomicU64,
+    stamp: Mutex<Option<Stamp>>,
+    owner: Mutex<Option<Arc<Container>>>,
+    /// Pools that may hold pages of this object (flushes go to each).
+    pools: Mutex<BTreeSet<u32>>,
+}
+
+/// Counters of one container.
+#[derive(Debug, Default)]
+struct Counters {
+    l1_hits: AtomicU64,
+    pool_hits: AtomicU64,
+    backing_pages: AtomicU64,
+    backing_reads: AtomicU64,
+    puts: AtomicU64,
+    puts_dropped: AtomicU64,
+    migrations: AtomicU64,
+}
+
+/// A container (cgroup) as the filesystem sees it.
+pub struct Container {
+    pub name: String,
+    l1: Mutex<Level1>,
+    counters: Counters,
+}
+
+/// One container's counters, for reports.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ContainerStats {
+    pub name: String,
+    pub pool: Option<u32>,
+    pub l1_budget_pages: usize,
+    pub l1_pages: usize,
+    /// Pages served from the first level.
+    pub l1_hits: u64,
+    /// Pages got from the container's pool.
+    pub pool_hits: u64,
+    /// Pages read from the backing directory, and the read requests that carried them.
+    pub backing_pages: u64,
+    pub backing_reads: u64,
+    /// Evicted pages put to the pool, and those dropped (written since they were read, or no pool).
+    pub puts: u64,
+    pub puts_dropped: u64,
+    /// Objects migrated into this container.
+    pub migrations: u64,
+}
+
+/// Connections to the daemon: idle ones are kept for reuse; one is taken per call, so no lock is held
+/// during network I/O and concurrent FUSE threads use separate connections.
+struct Clients {
+    cfg: DaemonConfig,
+    idle: Mutex<Vec<Client>>,
+    max_batch: usize,
+}
+
+impl Clients {
+    fn connect(cfg: &DaemonConfig) -> Result<Client, ClientError> {
+        match (&cfg.unix_socket, &cfg.tcp) {
+            (Some(p), _) => Client::connect_unix(p, cfg.vm, &cfg.data_token),
+            (None, Some(a)) => Client::connect_tcp(a.as_str(), cfg.vm, &cfg.data_token),
+            (None, None) => Err(ClientError::InvalidArgument("no daemon address".into())),
+        }
+    }
+
+    fn call<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, ClientError>) -> Result<T, ClientError> {
+        let idle = self.idle.lock().pop();
+        let mut c = match idle {
+            Some(c) => c,
+            None => Clients::connect(&self.cfg)?,
+        };
+        let r = f(&mut c);
+        // A connection that failed below the protocol may be mid-frame: drop it, reconnect next time.
+        if matches!(&r, Ok(_) | Err(ClientError::Server { .. })) && c.outstanding() == 0 {
+            self.idle.lock().push(c);
+        }
+        r
+    }
+}
+
+pub struct Frontend {
+    cfg: FuseConfig,
+    attrib: Attributor,
+    containers: RwLock<HashMap<String, Arc<Container>>>,
+    objects: Mutex<HashMap<u64, Arc<Object>>>,
+    clients: Option<Clients>,
+    /// Pools whose flush failed at the transport: they may hold stale pages, so this mount never gets
+    /// from (or puts to) them again.
+    poisoned: Mutex<BTreeSet<u32>>,
+    latency: Duration,
+}
+
+fn page_box(b: &[u8]) -> Box<[u8]> {
+    b.to_vec().into_boxed_slice()
+}
+
+impl Frontend {
+    /// Connects to the daemon (if configured) once, so that a wrong address or token fails the mount.
+    pub fn new(cfg: FuseConfig) -> Result<Frontend, FrontendError> {
+        let parent = match &cfg.cgroup_parent {
+            Some(p) => Some(ParentCgroup::locate(p).ok_or_else(|| FrontendError::NotACgroup(p.clone()))?),
+            None => None,
+        };
+        let clients = match &cfg.daemon {
+            Some(d) => {
+                let c = Clients::connect(d)?;
+                let max_batch = c.info().max_batch.max(1);
+                Some(Clients { cfg: d.clone(), idle: Mutex::new(vec![c]), max_batch })
+            }
+            None => None,
+        };
+        let attrib = Attributor::new(
+            parent,
+            cfg.state_file.clone(),
+            Duration::from_millis(cfg.attribution_refresh_ms),
+        );
+        Ok(Frontend {
+            latency: Duration::from_micros(cfg.backing_read_latency_us),
+            cfg,
+            attrib,
+            containers: RwLock::new(HashMap::new()),
+            objects: Mutex::new(HashMap::new()),
+            clients,
+            poisoned: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    /// The container of a calling process.
+    pub fn container_for_pid(&self, pid: u32) -> Arc<Container> {
+        let name = self.attrib.container_of(pid);
+        self.container(&name)
+    }
+
+    fn container(&self, name: &str) -> Arc<Container> {
+        if let Some(c) = self.containers.read().get(name) {
+            return c.clone();
+        }
+        self.containers
+            .write()
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Container {
+                    name: name.to_string(),
+                    l1: Mutex::new(Level1::new(self.cfg.budget_pages(name))),
+                    counters: Counters::default(),
+                })
+            })
+            .clone()
+    }
+
+    fn pool(&self, c: &Container) -> Option<PoolId> {
+        self.clients.as_ref()?;
+        let p = self.attrib.pool_of(&c.name)?;
+        (!self.poisoned.lock().contains(&p.0)).then_some(p)
+    }
+
+    /// The state of a backing object (created on first use; kept for the life of the mount so that one
+    /// backing inode never has two locks).
+    pub fn object(&self, id: u64) -> Arc<Object> {
+        let mut objects = self.objects.lock();
+        if let Some(o) = objects.get(&id) {
+            return o.clone();
+        }
+        // Pools of an earlier mount (or a crashed one) may hold pages of this inode: the first read
+        // finds no stamp, revalidates, and so flushes it from every pool known now.
+        let pools = match &self.clients {
+            Some(_) => self.attrib.all_pools().into_iter().map(|p| p.0).collect(),
+            None => BTreeSet::new(),
+        };
+        let o = Arc::new(Object {
+            id,
+            lock: RwLock::new(()),
+            generation: AtomicU64::new(0),
+            stamp: Mutex::new(None),
+            owner: Mutex::new(None),
+            pools: Mutex::new(pools),
+        });
+        objects.insert(id, o.clone());
+        o
+    }
+
+    /// Takes the object's shared lock once its stamp matches the backing file and `c` owns it
+    /// (revalidating and migrating under the exclusive lock first if needed). Returns the file size.
+    fn prepare<'a>(
+        &self,
+        c: &Arc<Container>,
+        obj: &'a Object,
+        file: &File,
+        evicted: &mut Vec<(Arc<Container>, Evicted)>,
+    ) -> std::io::Result<(RwLockReadGuard<'a, ()>, u64)> {
+        loop {
+            let g = obj.lock.read();
+            let m = file.metadata()?;
+            let stamp = Stamp::of(&m);
+            let fresh = *obj.stamp.lock() == Some(stamp);
+            let owned = obj.owner.lock().as_ref().is_some_and(|o| Arc::ptr_eq(o, c));
+            if fresh && owned {
+                return Ok((g, m.size()));
+            }
+            drop(g);
+            let _w = obj.lock.write();
+            let m = file.metadata()?;
+            let stamp = Stamp::of(&m);
+            if *obj.stamp.lock() != Some(stamp) {
+                obj.generation.fetch_add(1, Ordering::AcqRel);
+                self.invalidate_locked(obj, None);
+                *obj.stamp.lock() = Some(stamp);
+            }
+            let prev = obj.owner.lock().replace(c.clone());
+            if let Some(prev) = prev.filter(|p| !Arc::ptr_eq(p, c)) {
+                self.migrate_locked(obj, &prev, c, evicted);
+            }
+        }
+    }
+
+    /// Moves an object's cached pages from `from` to `to` (exclusive lock held).
+    fn migrate_locked(
+        &self,
+        obj: &Object,
+        from: &Arc<Container>,
+        to: &Arc<Container>,
+        evicted: &mut Vec<(Arc<Container>, Evicted)>,
+    ) {
+        let pages = from.l1.lock().take_object(obj.id);
+        if let (Some(src), Some(dst), Some(cl)) = (self.pool(from), self.pool(to), &self.clients) {
+            if src != dst {
+                match cl.call(|c| c.migrate_object(src, dst, obj.id)) {
+                    Ok(_) => {
+                        obj.pools.lock().insert(dst.0);
+                    }
+                    // The pages stay where they were, still listed in `pools`: coherent, just not moved.
+                    Err(e) => tracing::warn!("migrating object {} from pool {src} to {dst}: {e}", obj.id),
+                }
+            }
+        }
+        let mut l1 = to.l1.lock();
+        for (index, generation, data) in pages {
+            evicted.extend(l1.insert(obj.id, index, generation, data).into_iter().map(|e| (to.clone(), e)));
+        }
+        to.counters.migrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops pages of an object from every first level and flushes them from every pool that may hold
+    /// them: pages `first..=last`, or the whole object (exclusive lock held).
+    fn invalidate_locked(&self, obj: &Object, range: Option<(u64, u64)>) {
+        let (first, last) = range.unwrap_or((0, u64::MAX));
+        for c in self.containers.read().values() {
+            c.l1.lock().remove_range(obj.id, first, last);
+        }
+        let Some(cl) = &self.clients else { return };
+        let pools: Vec<u32> = obj.pools.lock().iter().copied().collect();
+        for p in pools {
+            let pool = PoolId(p);
+            let whole = range.is_none() || last - first >= MAX_PAGE_FLUSHES;
+            let r = if whole {
+                cl.call(|c| c.flush_object(pool, obj.id).map(|_| ()))
+            } else {
+                // Pipelined: one write of all requests, then the answers in order.
+                cl.call(|c| {
+                    for index in first..=last {
+                        c.send(&Request::FlushPage { pool, key: Key { object: obj.id, index } });
+                    }
+                    let mut failure = None;
+                    while c.outstanding() > 0 {
+                        match c.recv()? {
+                            (_, Response::Flushed(_)) => {}
+                            (_, Response::Error { status, message }) => {
+                                failure = Some(ClientError::Server { status, message })
+                            }
+                            (_, other) => return Err(ClientError::Unexpected(format!("{other:?}"))),
+                        }
+                    }
+                    failure.map_or(Ok(()), Err)
+                })
+            };
+            match r {
+                Ok(()) => {
+                    if whole {
+                        obj.pools.lock().remove(&p);
+                    }
+                }
+                // The daemon answered: the pool is gone (destroyed with its pages) or refused; either way
+                // it holds no page of ours that a later get could return.
+                Err(ClientError::Server { .. }) => {
+                    obj.pools.lock().remove(&p);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "flushing object {} from pool {p} failed ({e}): not using the pool again",
+                        obj.id
+                    );
+                    self.poisoned.lock().insert(p);
+                }
+            }
+        }
+    }
+
+    /// Reads `size` bytes at `offset` of `file` (the backing file of `obj`) for container `c`.
+    pub fn read(
+        &self,
+        c: &Arc<Container>,
+        obj: &Object,
+        file: &File,
+        offset: u64,
+        size: usize,
+    ) -> std::io::Result<Vec<u8>> {
+        let mut evicted = Vec::new();
+        // Evicted pages are put once the object's lock is released (they may be of this object).
+        let out = self.read_locked(c, obj, file, (offset, size), &mut evicted);
+        self.put_evicted(evicted);
+        out
+    }
+
+    fn read_locked(
+        &self,
+        c: &Arc<Container>,
+        obj: &Object,
+        file: &File,
+        (offset, size): (u64, usize),
+        evicted: &mut Vec<(Arc<Container>, Evicted)>,
+    ) -> std::io::Result<Vec<u8>> {
+        let ps = PAGE_SIZE as u64;
+        let (guard, fsize) = self.prepare(c, obj, file, evicted)?;
+        if offset >= fsize || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = fsize.min(offset + size as u64);
+        let first = offset / ps;
+        let n = ((end - 1) / ps - first + 1) as usize;
+        let mut buf = vec![0u8; n * PAGE_SIZE];
+        let slot = |i: usize| i * PAGE_SIZE..(i + 1) * PAGE_SIZE;
+        let mut missing = Vec::new();
+        {
+            let mut l1 = c.l1.lock();
+            for i in 0..n {
+                if !l1.get(obj.id, first + i as u64, &mut buf[slot(i)]) {
+                    missing.push(i);
+                }
+            }
+        }
+        c.counters.l1_hits.fetch_add((n - missing.len()) as u64, Ordering::Relaxed);
+        let fetched = missing.clone();
+        if let (false, Some(pool), Some(cl)) = (missing.is_empty(), self.pool(c), &self.clients) {
+            let mut still = Vec::new();
+            for chunk in missing.chunks(cl.max_batch) {
+                let keys: Vec<Key> =
+                    chunk.iter().map(|&i| Key { object: obj.id, index: first + i as u64 }).collect();
+                let mut pages = vec![0u8; chunk.len() * PAGE_SIZE];
+                match cl.call(|cc| cc.get_batch(pool, &keys, &mut pages)) {
+                    Ok(hits) => {
+                        for (j, &i) in chunk.iter().enumerate() {
+                            if hits[j] {
+                                buf[slot(i)].copy_from_slice(&pages[slot(j)]);
+                            } else {
+                                still.push(i);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("get from pool {pool}: {e}");
+                        still.extend_from_slice(chunk);
+                    }
+                }
+            }
+            c.counters.pool_hits.fetch_add((missing.len() - still.len()) as u64, Ordering::Relaxed);
+            missing = still;
+        }
+        // The rest from the backing file, one request per contiguous run.
+        let mut k = 0;
+        while k < missing.len() {
+            let mut e = k + 1;
+            while e < missing.len() && missing[e] == missing[e - 1] + 1 {
+                e += 1;
+            }
+            if !self.latency.is_zero() {
+                std::thread::sleep(self.latency);
+            }
+            let (a, b) = (missing[k], missing[e - 1]);
+            read_full_at(file, &mut buf[a * PAGE_SIZE..(b + 1) * PAGE_SIZE], (first + a as u64) * ps)?;
+            c.counters.backing_reads.fetch_add(1, Ordering::Relaxed);
+            c.counters.backing_pages.fetch_add((e - k) as u64, Ordering::Relaxed);
+            k = e;
+        }
+        let generation = obj.generation.load(Ordering::Acquire);
+        {
+            let mut l1 = c.l1.lock();
+            for &i in &fetched {
+                let ev = l1.insert(obj.id, first + i as u64, generation, page_box(&buf[slot(i)]));
+                evicted.extend(ev.into_iter().map(|e| (c.clone(), e)));
+            }
+        }
+        drop(guard);
+        let start = (offset - first * ps) as usize;
+        buf.truncate(start + (end - offset) as usize);
+        buf.drain(..start);
+        Ok(buf)
+    }
+
+    /// Puts pages evicted from first levels to their containers' pools, each under its object's shared
+    /// lock and only if the object was not written since the page was read.
+    fn put_evicted(&self, evicted: Vec<(Arc<Container>, Evicted)>) {
+        let mut groups: BTreeMap<(String, u64), (Arc<Container>, Vec<Evicted>)> = BTreeMap::new();
+        for (c, e) in evicted {
+            groups.entry((c.name.clone(), e.object)).or_insert_with(|| (c.clone(), Vec::new())).1.push(e);
+        }
+        for ((_, object), (c, pages)) in groups {
+            let n = pages.len() as u64;
+            let (Some(pool), Some(cl)) = (self.pool(&c), &self.clients) else {
+                c.counters.puts_dropped.fetch_add(n, Ordering::Relaxed);
+                continue;
+            };
+            let Some(obj) = self.objects.lock().get(&object).cloned() else {
+                c.counters.puts_dropped.fetch_add(n, Ordering::Relaxed);
+                continue;
+            };
+            // Never waits: if a writer holds the object, its pages are being invalidated anyway.
+            let Some(_g) = obj.lock.try_read_recursive() else {
+                c.counters.puts_dropped.fetch_add(n, Ordering::Relaxed);
+                continue;
+            };
+            let generation = obj.generation.load(Ordering::Acquire);
+            let valid: Vec<(Key, &[u8])> = pages
+                .iter()
+                .filter(|p| p.generation == generation)
+                .map(|p| (Key { object, index: p.index }, &p.data[..]))
+                .collect();
+            c.counters.puts_dropped.fetch_add(n - valid.len() as u64, Ordering::Relaxed);
+            if valid.is_empty() {
+                continue;
+            }
+            obj.pools.lock().insert(pool.0);
+            for chunk in valid.chunks(cl.max_batch) {
+                match cl.call(|cc| cc.put_batch(pool, chunk)) {
+                    Ok(_) => {
+                        c.counters.puts.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!("put to pool {pool}: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Writes through to the backing file, then invalidates the pages written. With `append` (the
+    /// handle was opened `O_APPEND`) the data lands at the end whatever `offset` says.
+    pub fn write(
+        &self,
+        obj: &Object,
+        file: &File,
+        offset: u64,
+        data: &[u8],
+        append: bool,
+    ) -> std::io::Result<usize> {
+        let _w = obj.lock.write();
+        // A change behind the mount's back since the last read must not be blessed by this write's stamp.
+        let before = Stamp::of(&file.metadata()?);
+        if *obj.stamp.lock() != Some(before) {
+            obj.generation.fetch_add(1, Ordering::AcqRel);
+            self.invalidate_locked(obj, None);
+        }
+        let n = file.write_at(data, offset)?;
+        let m = file.metadata()?;
+        let start = if append { m.size().saturating_sub(n as u64) } else { offset };
+        obj.generation.fetch_add(1, Ordering::AcqRel);
+        if n > 0 {
+            let ps = PAGE_SIZE as u64;
+            self.invalidate_locked(obj, Some((start / ps, (start + n as u64 - 1) / ps)));
+        }
+        *obj.stamp.lock() = Some(Stamp::of(&m));
+        Ok(n)
+    }
+
+    /// Runs `f` (a truncation, unlink or overwriting rename of the object's backing file) under the
+    /// object's exclusive lock, then drops and flushes the whole object. Invalidating after the change
+    /// means a reader that takes the lock next finds nothing cached from before it.
+    pub fn change_whole<T>(
+        &self,
+        obj: &Object,
+        f: impl FnOnce() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        let _w = obj.lock.write();
+        let r = f();
+        obj.generation.fetch_add(1, Ordering::AcqRel);
+        self.invalidate_locked(obj, None);
+        // Whatever the file is now, the next read compares against a fresh stamp.
+        *obj.stamp.lock() = None;
+        r
+    }
+
+    /// Flushes every object this mount cached from every pool (unmount: nothing left behind).
+    pub fn shutdown(&self) {
+        let objects: Vec<Arc<Object>> = self.objects.lock().values().cloned().collect();
+        for o in objects {
+            if !o.pools.lock().is_empty() {
+                let _w = o.lock.write();
+                self.invalidate_locked(&o, None);
+            }
+        }
+    }
+
+    /// Counters of every container seen so far (unattributed requests under the empty name).
+    pub fn stats(&self) -> Vec<ContainerStats> {
+        let mut v: Vec<ContainerStats> = self
+            .containers
+            .read()
+            .values()
+            .map(|c| {
+                let l1 = c.l1.lock();
+                let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                ContainerStats {
+                    name: c.name.clone(),
+                    pool: if c.name == UNATTRIBUTED { None } else { self.pool(c).map(|p| p.0) },
+                    l1_budget_pages: l1.budget(),
+                    l1_pages: l1.len(),
+                    l1_hits: r(&c.counters.l1_hits),
+                    pool_hits: r(&c.counters.pool_hits),
+                    backing_pages: r(&c.counters.backing_pages),
+                    backing_reads: r(&c.counters.backing_reads),
+                    puts: r(&c.counters.puts),
+                    puts_dropped: r(&c.counters.puts_dropped),
+                    migrations: r(&c.counters.migrations),
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+}
+
+/// Reads until `buf` is full or the file ends (the rest of `buf` is left as it was: zeros).
+fn read_full_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match file.read_at(buf, offset) {
+            Ok(0) => break,
+            Ok(k) => {
+                buf = &mut buf[k..];
+                offset += k as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A frontend without a daemon over one backing file holding `data`, read by the unattributed
+    /// container.
+    struct Setup {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        fe: Frontend,
+        c: Arc<Container>,
+        f: File,
+        obj: Arc<Object>,
+    }
+
+    fn setup(data: &[u8], budget_pages: u64) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::File::create(&path).unwrap().write_all(data).unwrap();
+        let cfg =
+            FuseConfig { default_budget_bytes: budget_pages * PAGE_SIZE as u64, ..FuseConfig::default() };
+        let fe = Frontend::new(cfg).unwrap();
+        let c = fe.container_for_pid(0);
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let obj = fe.object(f.metadata().unwrap().ino());
+        Setup { _dir: dir, path, fe, c, f, obj }
+    }
+
+    #[test]
+    fn reads_hit_the_first_level_and_writes_invalidate_it() {
+        let data: Vec<u8> = (0..3 * PAGE_SIZE + 100).map(|i| (i % 251) as u8).collect();
+        let Setup { _dir: _d, path: p, fe, c, f, obj } = setup(&data, 16);
+        assert_eq!(fe.read(&c, &obj, &f, 0, data.len()).unwrap(), data);
+        assert_eq!(fe.read(&c, &obj, &f, 10, 5000).unwrap(), &data[10..5010]);
+        let s = &fe.stats()[0];
+        assert_eq!((s.backing_pages, s.backing_reads), (4, 1));
+        assert_eq!(s.l1_hits, 2);
+        // A write through the frontend is what the next read sees.
+        fe.write(&obj, &f, PAGE_SIZE as u64 - 2, b"XYZW", false).unwrap();
+        let got = fe.read(&c, &obj, &f, 0, data.len()).unwrap();
+        assert_eq!(&got[PAGE_SIZE - 2..PAGE_SIZE + 2], b"XYZW");
+        assert_eq!(got, std::fs::read(&p).unwrap());
+        // Reads past the end are empty; a truncation is seen.
+        assert!(fe.read(&c, &obj, &f, 10 * PAGE_SIZE as u64, 10).unwrap().is_empty());
+        fe.change_whole(&obj, || f.set_len(10)).unwrap();
+        assert_eq!(fe.read(&c, &obj, &f, 0, 4096).unwrap(), &data[..10]);
+    }
+
+    #[test]
+    fn changes_behind_the_mounts_back_are_seen() {
+        let Setup { _dir: _d, path: p, fe, c, f, obj } = setup(&[1u8; 2 * PAGE_SIZE], 16);
+        assert_eq!(fe.read(&c, &obj, &f, 0, 8).unwrap(), vec![1u8; 8]);
+        // A different size changes the stamp whatever the timestamp granularity.
+        std::fs::write(&p, vec![2u8; 3 * PAGE_SIZE]).unwrap();
+        assert_eq!(fe.read(&c, &obj, &f, 0, 8).unwrap(), vec![2u8; 8]);
+    }
+
+    #[test]
+    fn first_level_stays_within_budget_and_counts_drops_without_a_pool() {
+        let Setup { _dir: _d, fe, c, f, obj, .. } = setup(&[7u8; 10 * PAGE_SIZE], 4);
+        for i in 0..10u64 {
+            assert_eq!(fe.read(&c, &obj, &f, i * PAGE_SIZE as u64, PAGE_SIZE).unwrap(), vec![7u8; PAGE_SIZE]);
+        }
+        let s = &fe.stats()[0];
+        assert_eq!(s.l1_pages, 4);
+        assert_eq!(s.puts_dropped, 6);
+        assert_eq!(s.puts, 0);
+    }
+}

@@ -1,0 +1,22 @@
+//! # dd-fuse: real applications on DoubleDecker
+//!
+//! A FUSE filesystem in front of a backing directory that plays the guest kernel's cgroup-aware
+//! cleancache frontend of paper 002 (section 4.1, SPEC section 7) in user space:
+//! * [`attrib`]: each request is attributed to the container (memory cgroup) of the calling process, and
+//!   the container to its pool through the state file of `doubledecker guest watch`;
+//! * [`level1`]: each container has a first-level page cache (4 KiB pages, LRU) bounded by its budget;
+//! * [`frontend`]: clean pages evicted from it are put to the container's pool, misses are got from the
+//!   pool before the backing store, writes, truncation and deletion invalidate, files read by another
+//!   container migrate (MIGRATE_OBJECT); the coherence argument is at the top of that module;
+//! * [`fs`]: the FUSE operations on the backing directory (via the pure-Rust `fuser`, no libfuse) and
+//!   [`Mount`], which `doubledecker mount` runs until SIGINT/SIGTERM unmounts it.
+
+pub mod attrib;
+pub mod config;
+pub mod frontend;
+pub mod fs;
+pub mod level1;
+
+pub use config::{FuseConfig, PAGE_SIZE};
+pub use frontend::{ContainerStats, Frontend};
+pub use fs::{FuseError, Mount, Unmounter};
