@@ -248,3 +248,56 @@ impl SecondChance for EngineBackend {
         self.verified
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64-page memory store with VM 1 and one memory pool of `kind` in it.
+    fn one_pool(kind: PoolKind) -> (EngineBackend, u32) {
+        let mut b = EngineBackend::new(&BackendConfig {
+            mem_pages: 64,
+            mem_max_pages: 64,
+            ssd_pages: 0,
+            mode: Mode::Partitioned,
+            batch_pages: 1,
+            scratch_dir: std::env::temp_dir(),
+        })
+        .unwrap();
+        b.add_vm(1, 100, 100).unwrap();
+        let p = b.new_pool(1, kind, Spec::Mem { weight: 100 }).unwrap();
+        (b, p)
+    }
+
+    #[test]
+    fn a_page_got_from_a_cleancache_pool_leaves_the_pool() {
+        let (mut b, p) = one_pool(PoolKind::Ephemeral);
+        assert_eq!(b.put(1, p, 7, 3, 1).unwrap(), Some(StoreKind::Mem));
+        assert_eq!(b.pool_counters(1, p).unwrap().mem.used, 1);
+        assert_eq!(b.get(1, p, 7, 3, 1).unwrap(), Some(StoreKind::Mem));
+        // Exclusive: the guest now holds the page, the pool does not.
+        assert_eq!(b.pool_counters(1, p).unwrap().mem.used, 0);
+        assert_eq!(b.get(1, p, 7, 3, 1).unwrap(), None);
+        assert_eq!(b.verified_hits(), 1);
+    }
+
+    #[test]
+    fn a_swap_pool_keeps_the_page_until_it_is_flushed() {
+        let (mut b, p) = one_pool(PoolKind::Persistent);
+        b.put(1, p, 1, 0, 5).unwrap();
+        assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), Some(StoreKind::Mem));
+        assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), Some(StoreKind::Mem), "frontswap gets do not remove");
+        b.flush_page(1, p, 1, 0).unwrap();
+        assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), None);
+    }
+
+    #[test]
+    fn a_stale_version_is_a_coherency_error() {
+        let (mut b, p) = one_pool(PoolKind::Ephemeral);
+        b.put(1, p, 2, 9, 4).unwrap();
+        match b.get(1, p, 2, 9, 5) {
+            Err(LabError::Coherency(m)) => assert!(m.contains("expected version 5"), "{m}"),
+            other => panic!("stale page not caught: {other:?}"),
+        }
+    }
+}
