@@ -6,7 +6,8 @@
 //!
 //! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`guest`] (page cache,
 //! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`backend`] (the
-//! second-chance cache interface and the in-process engine), [`sim`] (event queue, clock, I/O path,
+//! second-chance cache interface and the in-process engine), [`remote`] (a running daemon as the cache),
+//! [`sim`] (event queue, clock, I/O path,
 //! timeline, sampling), [`report`] (checks, `summary.json`, `timeseries.csv`), [`plot`] (PNGs,
 //! `report.html`, index page), [`bundled`] (the scenarios shipped with the binary).
 //!
@@ -19,6 +20,7 @@ pub mod bundled;
 pub mod error;
 pub mod guest;
 pub mod plot;
+pub mod remote;
 pub mod report;
 pub mod scenario;
 pub mod sim;
@@ -28,7 +30,7 @@ pub use error::LabError;
 pub use report::{CheckResult, ScenarioResult};
 pub use scenario::Scenario;
 
-use backend::{BackendConfig, EngineBackend};
+use backend::{BackendConfig, EngineBackend, Stamped};
 use std::path::PathBuf;
 
 /// How to run a scenario.
@@ -42,6 +44,8 @@ pub struct RunOptions {
     pub base_dir: Option<PathBuf>,
     /// Where the SSD store's scratch file goes; default [`default_scratch_dir`].
     pub scratch_dir: Option<PathBuf>,
+    /// Run against this daemon instead of the in-process engine (same results; see [`remote`]).
+    pub daemon: Option<remote::DaemonTarget>,
 }
 
 /// Runs every variant of a scenario with the in-process engine and evaluates its checks.
@@ -76,9 +80,15 @@ pub fn run_scenario(
     for (vi, v) in scaled.variant_list().iter().enumerate() {
         let s = sim::apply_variant(&scaled, v);
         let cfg = backend_config(&s, opts);
-        let backend = EngineBackend::new(&cfg)?;
-        let simulator = sim::Sim::new(&s, v, backend, &load)?;
-        runs.push(simulator.run(&mut |f| progress(vi, f))?);
+        let mut p = |f| progress(vi, f);
+        let run = match &opts.daemon {
+            None => sim::Sim::new(&s, v, EngineBackend::new(&cfg)?, &load)?.run(&mut p)?,
+            Some(t) => {
+                let backend = Stamped::over(remote::Daemon::connect(t, &cfg)?);
+                sim::Sim::new(&s, v, backend, &load)?.run(&mut p)?
+            }
+        };
+        runs.push(run);
     }
     let checks = report::evaluate(&scaled, &runs);
     Ok(ScenarioResult { scenario: scaled, scale, runs, checks })
