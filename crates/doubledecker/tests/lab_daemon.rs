@@ -49,3 +49,25 @@ fn a_daemon_with_another_page_size_is_refused() {
     let e = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("page_size_bytes is 4096"), "{e}");
 }
+
+#[test]
+fn lab_run_with_daemon_flags_writes_the_same_summary() {
+    let mut d = common::Daemon::start(&[], "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\n");
+    let out = tempfile::tempdir().unwrap();
+    let run = |dir: &str, extra: &[&str]| {
+        let st = std::process::Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+            .args(["lab", "run", "fig3-4-global-share", "--scale", "0.005", "--quiet", "--out"])
+            .arg(out.path().join(dir))
+            .args(extra)
+            .status()
+            .unwrap();
+        assert!(st.success(), "lab run {extra:?}");
+        std::fs::read_to_string(out.path().join(dir).join("summary.json")).unwrap()
+    };
+    let local = run("local", &[]);
+    let unix = format!("unix:{}", d.unix.display());
+    let admin = d.admin.trim_start_matches("http://").to_string();
+    let remote = run("daemon", &["--daemon", &unix, "--admin", &admin, "--token", common::HOST_TOKEN]);
+    assert_eq!(local, remote);
+    assert!(d.stop());
+}
