@@ -193,7 +193,9 @@ pub struct Stamped<C: CacheOps> {
     ops: C,
     buf: Vec<u8>,
     verified: u64,
-    spec_cache: std::collections::HashMap<u32, Spec>,
+    /// Each pool's spec (the tier of a hit follows from it). Looked up on every get: a fixed-seed
+    /// foldhash map, not the default SipHash one.
+    spec_cache: std::collections::HashMap<u32, Spec, foldhash::fast::FixedState>,
 }
 
 /// The in-process engine as the lab's second-chance cache.
@@ -211,7 +213,12 @@ impl EngineBackend {
 
 impl<C: CacheOps> Stamped<C> {
     pub fn over(ops: C) -> Stamped<C> {
-        Stamped { ops, buf: vec![0u8; ENGINE_PAGE], verified: 0, spec_cache: Default::default() }
+        Stamped {
+            ops,
+            buf: vec![0u8; ENGINE_PAGE],
+            verified: 0,
+            spec_cache: std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5bec)),
+        }
     }
 
     pub fn ops(&self) -> &C {
