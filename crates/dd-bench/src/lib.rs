@@ -6,6 +6,7 @@
 //! * [`store`]: in-process put / get-hit / get-miss rates against a memcpy loop over the same bytes in
 //!   the same order, for one thread and several.
 //! * [`dedup`]: put cost with content de-duplication against without, same run.
+//! * [`lab`]: the lab emulator's page accesses per second on one core, full stack (absolute target).
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
 //! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both.
 //! * [`soak`]: mixed load on the daemon for a long time; checks bounded memory and the stats identity.
@@ -16,6 +17,7 @@ pub mod daemon;
 pub mod dedup;
 pub mod fuse;
 pub mod remote;
+pub mod lab;
 pub mod server;
 pub mod soak;
 pub mod ssd;

@@ -1011,8 +1011,14 @@ impl Shared {
     /// The next insertion sequence number. A thread takes `SEQ_BLOCK` numbers at a time from the shared
     /// counter, so concurrent putters do not fight over one cache line: with one thread the order is
     /// exact insertion order (the lab, the tests); across threads it is insertion order to within a
-    /// block, which is all "FIFO across concurrent putters" can mean anyway.
+    /// block, which is all "FIFO across concurrent putters" can mean anyway. With inline maintenance
+    /// (the deterministic setting) every number comes from the shared counter: a daemon handles one
+    /// connection's requests on whichever runtime thread is free, and the lab run against it must see
+    /// the exact insertion order the in-process engine gives.
     fn next_seq(&self) -> u64 {
+        if self.maintenance == Maintenance::Inline {
+            return self.seq.fetch_add(1, Ordering::Relaxed);
+        }
         SEQ_CACHE.with(|c| {
             let (inst, next, end) = c.get();
             if inst == self.instance && next < end {

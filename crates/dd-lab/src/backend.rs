@@ -1,6 +1,7 @@
 //! The second-chance cache as the emulated guests see it: the [`SecondChance`] trait (cleancache and
-//! frontswap operations plus the control calls a scenario's timeline makes) and its in-process
-//! implementation over the real engine, [`EngineBackend`].
+//! frontswap operations plus the control calls a scenario's timeline makes), implemented by
+//! [`Stamped`] over any [`CacheOps`]: the real engine in-process ([`EngineBackend`]) or a running daemon
+//! (`crate::remote`). Both are driven by the same calls in the same order, so they give the same run.
 //!
 //! Every stored page carries a stamp `(magic, pool, object, index, version)` in the first 28 bytes of
 //! its 512-byte engine page; every hit is compared with the stamp the guest expects, so each lab run is
@@ -70,57 +71,158 @@ pub struct BackendConfig {
     pub scratch_dir: PathBuf,
 }
 
+/// The cache calls the stamped backend makes, in guest pages and engine-page buffers: implemented by
+/// the engine in-process ([`InProcess`]) and by a running daemon ([`crate::remote::Daemon`]).
+pub trait CacheOps {
+    fn add_vm(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError>;
+    fn set_vm_weights(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError>;
+    fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError>;
+    fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError>;
+    fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError>;
+    fn set_capacity(&mut self, store: StoreKind, bytes: u64) -> Result<(), LabError>;
+    fn set_mode(&mut self, mode: Mode) -> Result<(), LabError>;
+    fn put(&mut self, vm: u32, pool: u32, key: Key, page: &[u8]) -> Result<Option<StoreKind>, LabError>;
+    fn get(&mut self, vm: u32, pool: u32, key: Key, out: &mut [u8]) -> Result<bool, LabError>;
+    fn flush_page(&mut self, vm: u32, pool: u32, key: Key) -> Result<(), LabError>;
+    fn flush_object(&mut self, vm: u32, pool: u32, object: u64) -> Result<(), LabError>;
+    fn pool_counters(&mut self, vm: u32, pool: u32) -> Result<Counters, LabError>;
+}
+
+/// The engine configuration a lab run needs: 512-byte engine pages, inline maintenance (deterministic),
+/// the memory arena reserved for the largest capacity the run sets, hybrid margins in guest pages. A
+/// daemon serving the lab must run the same (`docs/scenario-format.md`, "Running against a daemon").
+pub fn engine_config(cfg: &BackendConfig, ssd_path: Option<PathBuf>) -> EngineConfig {
+    let ps = ENGINE_PAGE as u64;
+    let ecfg = EngineConfig {
+        page_size_bytes: ENGINE_PAGE,
+        mem: dd_engine::config::MemStoreConfig {
+            capacity_bytes: cfg.mem_pages * ps,
+            max_capacity_bytes: Some(cfg.mem_max_pages.max(cfg.mem_pages).max(1) * ps),
+            ..Default::default()
+        },
+        ssd: ssd_path.map(|path| SsdStoreConfig {
+            path,
+            capacity_bytes: cfg.ssd_pages * ps,
+            direct_io: DirectIo::Off,
+            io_backend: IoBackend::Sync,
+            write_queue_pages: 4096,
+        }),
+        mode: cfg.mode,
+        eviction_batch_bytes: cfg.batch_pages.max(1) * ps,
+        maintenance: Maintenance::Inline,
+        ..Default::default()
+    };
+    let mut hybrid = ecfg.hybrid.clone();
+    // The defaults are in bytes of 4 KiB pages; keep them in guest pages.
+    hybrid.low_watermark_margin_bytes = hybrid.low_watermark_margin_bytes / 4096 * ps;
+    hybrid.move_batch_bytes = (hybrid.move_batch_bytes / 4096 * ps).max(ps);
+    EngineConfig { hybrid, ..ecfg }
+}
+
 /// The real engine, in-process, with inline maintenance (deterministic).
-pub struct EngineBackend {
+pub struct InProcess {
     cache: Cache,
-    buf: Vec<u8>,
-    verified: u64,
-    spec_cache: std::collections::HashMap<u32, Spec>,
     ssd_path: Option<PathBuf>,
 }
 
-impl EngineBackend {
-    pub fn new(cfg: &BackendConfig) -> Result<EngineBackend, LabError> {
-        let ps = ENGINE_PAGE as u64;
+impl InProcess {
+    pub fn new(cfg: &BackendConfig) -> Result<InProcess, LabError> {
         let ssd_path = (cfg.ssd_pages > 0).then(|| {
             cfg.scratch_dir.join(format!("dd-lab-ssd-{}-{:p}.bin", std::process::id(), &cfg.scratch_dir))
         });
-        let ecfg = EngineConfig {
-            page_size_bytes: ENGINE_PAGE,
-            mem: dd_engine::config::MemStoreConfig {
-                capacity_bytes: cfg.mem_pages * ps,
-                max_capacity_bytes: Some(cfg.mem_max_pages.max(cfg.mem_pages).max(1) * ps),
-                ..Default::default()
-            },
-            ssd: ssd_path.as_ref().map(|p| SsdStoreConfig {
-                path: p.clone(),
-                capacity_bytes: cfg.ssd_pages * ps,
-                direct_io: DirectIo::Off,
-                io_backend: IoBackend::Sync,
-                write_queue_pages: 4096,
-            }),
-            mode: cfg.mode,
-            eviction_batch_bytes: cfg.batch_pages.max(1) * ps,
-            maintenance: Maintenance::Inline,
-            ..Default::default()
-        };
-        let mut hybrid = ecfg.hybrid.clone();
-        // The defaults are in bytes of 4 KiB pages; keep them in guest pages.
-        hybrid.low_watermark_margin_bytes = hybrid.low_watermark_margin_bytes / 4096 * ps;
-        hybrid.move_batch_bytes = (hybrid.move_batch_bytes / 4096 * ps).max(ps);
-        let ecfg = EngineConfig { hybrid, ..ecfg };
-        let cache = Cache::new(ecfg)?;
-        Ok(EngineBackend {
-            cache,
-            buf: vec![0u8; ENGINE_PAGE],
-            verified: 0,
-            spec_cache: Default::default(),
-            ssd_path,
+        let cache = Cache::new(engine_config(cfg, ssd_path.clone()))?;
+        Ok(InProcess { cache, ssd_path })
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(p) = &self.ssd_path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl CacheOps for InProcess {
+    fn add_vm(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError> {
+        Ok(self.cache.add_vm(VmId(vm), weights)?)
+    }
+    fn set_vm_weights(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError> {
+        Ok(self.cache.set_vm_weights(VmId(vm), weights)?)
+    }
+    fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError> {
+        Ok(self.cache.new_pool(VmId(vm), opts)?.0)
+    }
+    fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
+        Ok(self.cache.destroy_pool(VmId(vm), PoolId(pool))?)
+    }
+    fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError> {
+        Ok(self.cache.set_spec(VmId(vm), PoolId(pool), spec)?)
+    }
+    fn set_capacity(&mut self, store: StoreKind, bytes: u64) -> Result<(), LabError> {
+        Ok(self.cache.set_capacity(store, bytes)?)
+    }
+    fn set_mode(&mut self, mode: Mode) -> Result<(), LabError> {
+        self.cache.set_mode(mode);
+        Ok(())
+    }
+    fn put(&mut self, vm: u32, pool: u32, key: Key, page: &[u8]) -> Result<Option<StoreKind>, LabError> {
+        Ok(match self.cache.put(VmId(vm), PoolId(pool), key, page)? {
+            dd_engine::PutOutcome::Stored(s) => Some(s),
+            _ => None,
         })
+    }
+    fn get(&mut self, vm: u32, pool: u32, key: Key, out: &mut [u8]) -> Result<bool, LabError> {
+        Ok(self.cache.get(VmId(vm), PoolId(pool), key, out)?)
+    }
+    fn flush_page(&mut self, vm: u32, pool: u32, key: Key) -> Result<(), LabError> {
+        self.cache.flush_page(VmId(vm), PoolId(pool), key)?;
+        Ok(())
+    }
+    fn flush_object(&mut self, vm: u32, pool: u32, object: u64) -> Result<(), LabError> {
+        self.cache.flush_object(VmId(vm), PoolId(pool), object)?;
+        Ok(())
+    }
+    fn pool_counters(&mut self, vm: u32, pool: u32) -> Result<Counters, LabError> {
+        Ok(self.cache.pool_stats(VmId(vm), PoolId(pool))?.counters)
+    }
+}
+
+/// The guest's view of a cache: stamps every page it puts and verifies every page it gets.
+pub struct Stamped<C: CacheOps> {
+    ops: C,
+    buf: Vec<u8>,
+    verified: u64,
+    /// Each pool's spec (the tier of a hit follows from it). Looked up on every get: a fixed-seed
+    /// foldhash map, not the default SipHash one.
+    spec_cache: std::collections::HashMap<u32, Spec, foldhash::fast::FixedState>,
+}
+
+/// The in-process engine as the lab's second-chance cache.
+pub type EngineBackend = Stamped<InProcess>;
+
+impl EngineBackend {
+    pub fn new(cfg: &BackendConfig) -> Result<EngineBackend, LabError> {
+        Ok(Stamped::over(InProcess::new(cfg)?))
     }
 
     pub fn cache(&self) -> &Cache {
-        &self.cache
+        &self.ops.cache
+    }
+}
+
+impl<C: CacheOps> Stamped<C> {
+    pub fn over(ops: C) -> Stamped<C> {
+        Stamped {
+            ops,
+            buf: vec![0u8; ENGINE_PAGE],
+            verified: 0,
+            spec_cache: std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5bec)),
+        }
+    }
+
+    pub fn ops(&self) -> &C {
+        &self.ops
     }
 
     fn stamp(buf: &mut [u8], pool: u32, object: u64, index: u64, version: u32) {
@@ -132,44 +234,35 @@ impl EngineBackend {
     }
 }
 
-impl Drop for EngineBackend {
-    fn drop(&mut self) {
-        if let Some(p) = &self.ssd_path {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-impl SecondChance for EngineBackend {
+impl<C: CacheOps> SecondChance for Stamped<C> {
     fn add_vm(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError> {
-        Ok(self.cache.add_vm(VmId(vm), VmWeights { mem: mem_weight, ssd: ssd_weight })?)
+        self.ops.add_vm(vm, VmWeights { mem: mem_weight, ssd: ssd_weight })
     }
     fn set_vm_weights(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError> {
-        Ok(self.cache.set_vm_weights(VmId(vm), VmWeights { mem: mem_weight, ssd: ssd_weight })?)
+        self.ops.set_vm_weights(vm, VmWeights { mem: mem_weight, ssd: ssd_weight })
     }
     fn new_pool(&mut self, vm: u32, kind: PoolKind, spec: Spec) -> Result<u32, LabError> {
         let opts = match kind {
             PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
             PoolKind::Persistent => PoolOptions::persistent(spec),
         };
-        let p = self.cache.new_pool(VmId(vm), opts)?.0;
+        let p = self.ops.new_pool(vm, opts)?;
         self.spec_cache.insert(p, spec);
         Ok(p)
     }
     fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
         self.spec_cache.remove(&pool);
-        Ok(self.cache.destroy_pool(VmId(vm), PoolId(pool))?)
+        self.ops.destroy_pool(vm, pool)
     }
     fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError> {
         self.spec_cache.insert(pool, spec);
-        Ok(self.cache.set_spec(VmId(vm), PoolId(pool), spec)?)
+        self.ops.set_spec(vm, pool, spec)
     }
     fn set_capacity(&mut self, store: StoreKind, pages: u64) -> Result<(), LabError> {
-        Ok(self.cache.set_capacity(store, pages * ENGINE_PAGE as u64)?)
+        self.ops.set_capacity(store, pages * ENGINE_PAGE as u64)
     }
     fn set_mode(&mut self, mode: Mode) -> Result<(), LabError> {
-        self.cache.set_mode(mode);
-        Ok(())
+        self.ops.set_mode(mode)
     }
     fn put(
         &mut self,
@@ -180,11 +273,7 @@ impl SecondChance for EngineBackend {
         version: u32,
     ) -> Result<Option<StoreKind>, LabError> {
         Self::stamp(&mut self.buf, pool, object, index, version);
-        let o = self.cache.put(VmId(vm), PoolId(pool), Key::new(object, index), &self.buf)?;
-        Ok(match o {
-            dd_engine::PutOutcome::Stored(s) => Some(s),
-            _ => None,
-        })
+        self.ops.put(vm, pool, Key::new(object, index), &self.buf)
     }
     fn get(
         &mut self,
@@ -197,9 +286,8 @@ impl SecondChance for EngineBackend {
         let spec = self.spec_cache.get(&pool).copied().unwrap_or(Spec::None);
         // The engine's get says hit or miss, not which tier; for a hybrid pool we read the tier from the
         // counters (slower, only hybrid pools pay it).
-        let before = if spec.is_hybrid() { Some(self.pool_counters(vm, pool)?) } else { None };
-        let hit = self.cache.get(VmId(vm), PoolId(pool), Key::new(object, index), &mut self.buf)?;
-        if !hit {
+        let before = if spec.is_hybrid() { Some(self.ops.pool_counters(vm, pool)?) } else { None };
+        if !self.ops.get(vm, pool, Key::new(object, index), &mut self.buf)? {
             return Ok(None);
         }
         let mut want = [0u8; 28];
@@ -221,7 +309,7 @@ impl SecondChance for EngineBackend {
             Spec::Ssd { .. } => StoreKind::Ssd,
             _ => match before {
                 Some(b) => {
-                    let a = self.pool_counters(vm, pool)?;
+                    let a = self.ops.pool_counters(vm, pool)?;
                     if a.ssd.gets_hit > b.ssd.gets_hit {
                         StoreKind::Ssd
                     } else {
@@ -234,17 +322,68 @@ impl SecondChance for EngineBackend {
         Ok(Some(tier))
     }
     fn flush_page(&mut self, vm: u32, pool: u32, object: u64, index: u64) -> Result<(), LabError> {
-        self.cache.flush_page(VmId(vm), PoolId(pool), Key::new(object, index))?;
-        Ok(())
+        self.ops.flush_page(vm, pool, Key::new(object, index))
     }
     fn flush_object(&mut self, vm: u32, pool: u32, object: u64) -> Result<(), LabError> {
-        self.cache.flush_object(VmId(vm), PoolId(pool), object)?;
-        Ok(())
+        self.ops.flush_object(vm, pool, object)
     }
     fn pool_counters(&mut self, vm: u32, pool: u32) -> Result<Counters, LabError> {
-        Ok(self.cache.pool_stats(VmId(vm), PoolId(pool))?.counters)
+        self.ops.pool_counters(vm, pool)
     }
     fn verified_hits(&self) -> u64 {
         self.verified
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64-page memory store with VM 1 and one memory pool of `kind` in it.
+    fn one_pool(kind: PoolKind) -> (EngineBackend, u32) {
+        let mut b = EngineBackend::new(&BackendConfig {
+            mem_pages: 64,
+            mem_max_pages: 64,
+            ssd_pages: 0,
+            mode: Mode::Partitioned,
+            batch_pages: 1,
+            scratch_dir: std::env::temp_dir(),
+        })
+        .unwrap();
+        b.add_vm(1, 100, 100).unwrap();
+        let p = b.new_pool(1, kind, Spec::Mem { weight: 100 }).unwrap();
+        (b, p)
+    }
+
+    #[test]
+    fn a_page_got_from_a_cleancache_pool_leaves_the_pool() {
+        let (mut b, p) = one_pool(PoolKind::Ephemeral);
+        assert_eq!(b.put(1, p, 7, 3, 1).unwrap(), Some(StoreKind::Mem));
+        assert_eq!(b.pool_counters(1, p).unwrap().mem.used, 1);
+        assert_eq!(b.get(1, p, 7, 3, 1).unwrap(), Some(StoreKind::Mem));
+        // Exclusive: the guest now holds the page, the pool does not.
+        assert_eq!(b.pool_counters(1, p).unwrap().mem.used, 0);
+        assert_eq!(b.get(1, p, 7, 3, 1).unwrap(), None);
+        assert_eq!(b.verified_hits(), 1);
+    }
+
+    #[test]
+    fn a_swap_pool_keeps_the_page_until_it_is_flushed() {
+        let (mut b, p) = one_pool(PoolKind::Persistent);
+        b.put(1, p, 1, 0, 5).unwrap();
+        assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), Some(StoreKind::Mem));
+        assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), Some(StoreKind::Mem), "frontswap gets do not remove");
+        b.flush_page(1, p, 1, 0).unwrap();
+        assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), None);
+    }
+
+    #[test]
+    fn a_stale_version_is_a_coherency_error() {
+        let (mut b, p) = one_pool(PoolKind::Ephemeral);
+        b.put(1, p, 2, 9, 4).unwrap();
+        match b.get(1, p, 2, 9, 5) {
+            Err(LabError::Coherency(m)) => assert!(m.contains("expected version 5"), "{m}"),
+            other => panic!("stale page not caught: {other:?}"),
+        }
     }
 }

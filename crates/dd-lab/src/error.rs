@@ -25,6 +25,9 @@ pub enum LabError {
     Io { path: String, source: std::io::Error },
     #[error("plot: {0}")]
     Plot(String),
+    /// A call to a running daemon (admin API or data plane) failed.
+    #[error("daemon: {0}")]
+    Daemon(String),
 }
 
 impl LabError {

@@ -7,12 +7,14 @@
 //! it back or swaps it out.
 //!
 //! Behaviour (our reading of Linux's `mm/vmscan.c` and `mm/swap.c`, simplified where noted):
-//! * a new page goes to the head of its type's inactive list;
+//! * a new page goes to the head of its type's inactive list; a file page with the referenced flag set
+//!   (the read or write that brought it in marked it accessed), an anonymous page without;
 //! * `mark_page_accessed`: an inactive page accessed once gets the referenced flag, accessed again it
 //!   moves to the head of the active list; an active page just gets the flag;
 //! * reclaim of a memcg takes pages from the inactive tail; when the inactive list is "low" it is first
 //!   refilled from the active tail (flags cleared). Low is Linux's `inactive_list_is_low`:
-//!   `inactive * ratio < active` with `ratio = int_sqrt(10 * size in GiB)` (at least 1) of the lists;
+//!   `inactive * ratio < active` with `ratio = int_sqrt(10 * size in GiB)` (at least 1) of the lists,
+//!   the size taken at full scale (`set_size_scale`) so a scaled run keeps the same balance;
 //! * file pages are reclaimed before anonymous ones unless the file lists are under 1/8 of the anonymous
 //!   lists (a stand-in for swappiness 60, which strongly prefers page cache);
 //! * charging a page over the memcg's hard limit reclaims from that memcg only; charging over the VM's
@@ -134,6 +136,8 @@ pub struct Guest {
     batch: u64,
     /// The VM's memory controller; `None` keeps the built-in soft-limit/global-LRU victim choice.
     pub memctl: Option<crate::memctl::GuestMemctl>,
+    /// Pages per GiB of the full-scale experiment (see `GuestOptions::size_scale`).
+    pages_per_gib: u64,
 }
 
 impl Guest {
@@ -149,7 +153,14 @@ impl Guest {
             mode,
             batch: reclaim_batch as u64,
             memctl: None,
+            pages_per_gib: 256 * 1024,
         }
+    }
+
+    /// Sizes the inactive-list ratio as if every list were `1 / scale` times larger (a scaled run of
+    /// a full-size experiment).
+    pub fn set_size_scale(&mut self, scale: f64) {
+        self.pages_per_gib = ((256.0 * 1024.0 * scale).round() as u64).max(1);
     }
 
     /// Adds a memcg and returns its index.
@@ -249,9 +260,16 @@ impl Guest {
         }
         if anon {
             flags |= F_ANON;
-        } else if dirty {
-            // A file page that enters the page cache dirty was created by a write, not read.
-            flags |= F_UNMAPPED;
+        } else {
+            // The read or write that brought the page in marks it accessed: `filemap_read` (earlier
+            // `do_generic_file_read`) calls `mark_page_accessed` on every page it copies, a freshly read
+            // one included, and `grab_cache_page_write_begin` allocates with `FGP_ACCESSED`. So a file
+            // page is activated by its second access, not its third.
+            flags |= F_REFERENCED;
+            if dirty {
+                // A file page that enters the page cache dirty was created by a write, not read.
+                flags |= F_UNMAPPED;
+            }
         }
         self.slab[i as usize] =
             Page { key: k, prev: NIL, next: NIL, stamp: 0, cg: cg as u16, list: 0, flags };
@@ -351,7 +369,7 @@ impl Guest {
             if self.mode == LruMode::TwoList {
                 let c = &self.cgs[cg];
                 let (ia, ac) = (c.lists[inactive].len, c.lists[active].len);
-                let gib = (ia + ac) / (256 * 1024);
+                let gib = (ia + ac) / self.pages_per_gib;
                 let ratio = ((10 * gib) as f64).sqrt() as u64;
                 if ia * ratio.max(1) < ac || ia == 0 {
                     self.refill(cg, active, (n - freed).max(self.batch));
@@ -533,21 +551,60 @@ mod tests {
     }
 
     #[test]
-    fn new_page_goes_inactive_second_access_promotes() {
+    fn new_file_page_is_inactive_referenced_and_its_next_access_promotes() {
         let mut g = g(100);
         let cg = g.add_memcg(100, u64::MAX);
         let mut none = |_e: Evicted| panic!("no eviction expected");
         g.insert(cg, key(1, 0), false, false, &mut none);
         assert_eq!(g.list_keys(cg, FILE_INACTIVE), vec![key(1, 0)]);
-        assert!(g.access(cg, key(1, 0), false)); // referenced
-        assert_eq!(g.list_len(cg, FILE_ACTIVE), 0);
-        assert!(g.access(cg, key(1, 0), false)); // second access: active
+        // The read that brought the page in marked it accessed: the next access activates it.
+        assert!(g.access(cg, key(1, 0), false));
         assert_eq!(g.list_keys(cg, FILE_ACTIVE), vec![key(1, 0)]);
         assert_eq!(g.list_len(cg, FILE_INACTIVE), 0);
         assert_eq!(g.cgs[cg].counters.activations, 1);
-        assert!(!g.access(cg, key(1, 1), false));
+        // An active page stays at its place on a further access (Linux only sets the flag).
+        g.insert(cg, key(1, 1), false, false, &mut none);
+        g.access(cg, key(1, 1), false);
+        assert_eq!(g.list_keys(cg, FILE_ACTIVE), vec![key(1, 1), key(1, 0)]);
+        assert!(g.access(cg, key(1, 0), false));
+        assert_eq!(g.list_keys(cg, FILE_ACTIVE), vec![key(1, 1), key(1, 0)]);
+        // An anonymous page starts unreferenced: two accesses to activate.
+        g.insert(cg, key(2, 0), true, true, &mut none);
+        assert!(g.access(cg, key(2, 0), false));
+        assert_eq!(g.list_keys(cg, ANON_INACTIVE), vec![key(2, 0)]);
+        assert!(g.access(cg, key(2, 0), false));
+        assert_eq!(g.list_keys(cg, ANON_ACTIVE), vec![key(2, 0)]);
+        assert!(!g.access(cg, key(1, 9), false));
         assert_eq!(g.cgs[cg].counters.misses, 1);
         g.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn inactive_ratio_follows_the_full_scale_list_size() {
+        // 2 GiB of file pages at scale 1/1024 (512 pages): Linux's ratio for 2 GiB is int_sqrt(20) = 4,
+        // so refill stops once inactive * 4 >= active. Unscaled, the same 512 pages count as < 1 GiB
+        // (ratio 1) and refill keeps going until inactive >= active.
+        let fill = |scale: f64| {
+            let mut g = Guest::new(10_000, LruMode::TwoList, 1);
+            g.set_size_scale(scale);
+            let cg = g.add_memcg(512, u64::MAX);
+            let mut none = |_e: Evicted| {};
+            for i in 0..512 {
+                g.insert(cg, key(1, i), false, false, &mut none);
+                g.access(cg, key(1, i), false);
+            }
+            // Everything active; a stream of new pages forces reclaim, and each pass refills the
+            // inactive list from the active tail while the inactive list is low.
+            for i in 0..600 {
+                g.insert(cg, key(2, i), false, false, &mut none);
+            }
+            g.check_invariants().unwrap();
+            (g.list_len(cg, FILE_INACTIVE), g.list_len(cg, FILE_ACTIVE))
+        };
+        let (ia, ac) = fill(1.0 / 1024.0);
+        assert!((100..=106).contains(&ia) && ia + ac == 512, "scaled: inactive {ia} active {ac}");
+        let (ia, ac) = fill(1.0);
+        assert!((254..=258).contains(&ia) && ia + ac == 512, "unscaled: inactive {ia} active {ac}");
     }
 
     #[test]
@@ -660,11 +717,15 @@ mod tests {
         g.insert(cg, key(1, 1), true, false, &mut |e| ev.push(e));
         assert!(g.clean(key(1, 1)));
         assert!(!g.is_dirty(key(1, 1)));
+        // Page 0 was activated by the write; page 1 (created by a write, written back) goes first.
         g.insert(cg, key(1, 2), false, false, &mut |e| ev.push(e));
-        assert_eq!(ev.len(), 1);
-        assert_eq!(ev[0], Evicted { cg, key: key(1, 0), dirty: true, anon: false, mapped: true });
+        assert_eq!(ev, vec![Evicted { cg, key: key(1, 1), dirty: false, anon: false, mapped: false }]);
         g.insert(cg, key(1, 3), false, true, &mut |e| ev.push(e));
-        assert_eq!(ev[1], Evicted { cg, key: key(1, 1), dirty: false, anon: false, mapped: false });
+        assert_eq!(ev[1], Evicted { cg, key: key(1, 2), dirty: false, anon: false, mapped: true });
+        // Only page 0 is left on the file lists: refilled from the active list, it leaves still dirty
+        // (the sink writes it back before anything else happens to it).
+        g.insert(cg, key(1, 4), false, true, &mut |e| ev.push(e));
+        assert_eq!(ev[2], Evicted { cg, key: key(1, 0), dirty: true, anon: false, mapped: true });
         g.check_invariants().unwrap();
     }
 

@@ -8,8 +8,8 @@
 //! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F
 //! request generators), [`kvstore`] (Redis-like and MongoDB-like stores), [`memctl`] (the VM memory
 //! controller of thesis 000 chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory
-//! plots), [`backend`] (the
-//! second-chance cache interface and the in-process engine), [`sim`] (event queue, clock, I/O path,
+//! plots), [`backend`] (the second-chance cache interface and the in-process engine), [`remote`] (a
+//! running daemon as the cache), [`sim`] (event queue, clock, I/O path,
 //! timeline, sampling), [`report`] (checks, `summary.json`, `timeseries.csv`), [`plot`] (PNGs,
 //! `report.html`, index page), [`bundled`] (the scenarios shipped with the binary).
 //!
@@ -24,6 +24,7 @@ pub mod guest;
 pub mod kvstore;
 pub mod memctl;
 pub mod plot;
+pub mod remote;
 pub mod report;
 pub mod scenario;
 pub mod sim;
@@ -34,7 +35,7 @@ pub use error::LabError;
 pub use report::{CheckResult, ScenarioResult};
 pub use scenario::Scenario;
 
-use backend::{BackendConfig, EngineBackend};
+use backend::{BackendConfig, EngineBackend, Stamped};
 use std::path::PathBuf;
 
 /// How to run a scenario.
@@ -48,6 +49,8 @@ pub struct RunOptions {
     pub base_dir: Option<PathBuf>,
     /// Where the SSD store's scratch file goes; default [`default_scratch_dir`].
     pub scratch_dir: Option<PathBuf>,
+    /// Run against this daemon instead of the in-process engine (same results; see [`remote`]).
+    pub daemon: Option<remote::DaemonTarget>,
 }
 
 /// Runs every variant of a scenario with the in-process engine and evaluates its checks.
@@ -82,9 +85,15 @@ pub fn run_scenario(
     for (vi, v) in scaled.variant_list().iter().enumerate() {
         let s = sim::apply_variant(&scaled, v);
         let cfg = backend_config(&s, opts);
-        let backend = EngineBackend::new(&cfg)?;
-        let simulator = sim::Sim::new(&s, v, backend, &load)?;
-        runs.push(simulator.run(&mut |f| progress(vi, f))?);
+        let mut p = |f| progress(vi, f);
+        let run = match &opts.daemon {
+            None => sim::Sim::new(&s, v, EngineBackend::new(&cfg)?, &load)?.run(&mut p)?,
+            Some(t) => {
+                let backend = Stamped::over(remote::Daemon::connect(t, &cfg)?);
+                sim::Sim::new(&s, v, backend, &load)?.run(&mut p)?
+            }
+        };
+        runs.push(run);
     }
     let checks = report::evaluate(&scaled, &runs);
     Ok(ScenarioResult { scenario: scaled, scale, runs, checks })

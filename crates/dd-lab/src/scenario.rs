@@ -179,11 +179,21 @@ pub struct GuestOptions {
     pub lru: LruMode,
     /// Pages reclaimed per reclaim pass (Linux's SWAP_CLUSTER_MAX). Default 32.
     pub reclaim_batch_pages: u32,
+    /// Not part of the file: the scale [`Scenario::scaled`] applied. Linux sizes the inactive list by
+    /// the lists' size in GiB; the guest divides by this factor so a run at scale 0.05 keeps the
+    /// active/inactive balance of the full-scale experiment (else every scaled memcg is "under 1 GiB"
+    /// and may keep only half its pages active).
+    #[serde(skip, default = "one")]
+    pub size_scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Default for GuestOptions {
     fn default() -> Self {
-        GuestOptions { lru: LruMode::TwoList, reclaim_batch_pages: 32 }
+        GuestOptions { lru: LruMode::TwoList, reclaim_batch_pages: 32, size_scale: 1.0 }
     }
 }
 
@@ -875,6 +885,7 @@ impl Scenario {
         let k = self.scale;
         let mut s = self.clone();
         s.scale = 1.0;
+        s.guest.size_scale *= k;
         s.duration_s *= k;
         s.sample_interval_s *= k;
         s.host.mem_capacity_mib *= k;

@@ -300,6 +300,7 @@ impl<B: SecondChance> Sim<B> {
         for (vi, vm) in sc.vms.iter().enumerate() {
             backend.add_vm(vi as u32 + 1, vm.mem_weight, vm.ssd_weight)?;
             let mut g = Guest::new(mib_pages(vm.memory_mib), sc.guest.lru, sc.guest.reclaim_batch_pages);
+            g.set_size_scale(sc.guest.size_scale);
             let mut list = Vec::new();
             for c in &vm.containers {
                 let enabled = !variant.containers.get(&c.name).is_some_and(|o| o.disabled);
@@ -1200,5 +1201,76 @@ impl<B: SecondChance> Sim<B> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{BackendConfig, EngineBackend};
+    use dd_engine::Mode;
+
+    /// One container with a 16-page memcg replaying `trace` (plain LRU, reclaim one page at a time) over
+    /// a 256-page memory store. Returns its totals.
+    fn replay(trace: &str) -> CtTotals {
+        let sc = Scenario::from_toml(
+            r#"
+name = "t"
+duration_s = 1000
+[host]
+mem_capacity_mib = 1
+disk = { kind = "ssd" }
+[guest]
+lru = "plain"
+reclaim_batch_pages = 1
+[[vms]]
+name = "vm"
+memory_mib = 64
+[[vms.containers]]
+name = "c"
+memory_limit_mib = 0.0625
+workload = { kind = "trace", path = "t.csv" }
+"#,
+        )
+        .unwrap();
+        let backend = EngineBackend::new(&BackendConfig {
+            mem_pages: 256,
+            mem_max_pages: 256,
+            ssd_pages: 0,
+            mode: Mode::Partitioned,
+            batch_pages: 1,
+            scratch_dir: std::env::temp_dir(),
+        })
+        .unwrap();
+        let text = format!("object,index,pages,op\n{trace}");
+        let variant = sc.variant_list()[0].clone();
+        let sim = Sim::new(&sc, &variant, backend, &|_| Ok(text.clone())).unwrap();
+        sim.run(&mut |_| {}).unwrap().totals[0].clone()
+    }
+
+    #[test]
+    fn a_dirty_page_is_written_back_before_it_is_put_and_a_hit_leaves_the_pool() {
+        // Fill the memcg with file 1, dirty its page 0, push file 1 out with file 2, read file 1 again.
+        let t = replay("1,0,16,R\n1,0,1,W\n2,0,16,R\n1,0,16,R\n");
+        assert_eq!(t.disk_reads, 32, "files 1 and 2 once each from the disk");
+        assert_eq!(t.writebacks, 1, "the dirtied page was written back when it was evicted");
+        // Written back, the page is clean and mapped: it went to the pool with the others, and the
+        // re-read of file 1 was served from there.
+        assert_eq!(t.mem_hits, 16);
+        assert_eq!(t.cache.mem.puts, 32, "file 1's 16 pages, then file 2's");
+        // Exclusive gets: file 1's pages left the pool when they were got; file 2's are what remains.
+        assert_eq!(t.cache.mem.used, 16);
+        assert_eq!(t.cache.mem.exclusive_gets, 16);
+    }
+
+    #[test]
+    fn a_page_created_by_a_write_is_written_back_and_never_put() {
+        // File 3 is written (not read) and pushed out by file 4: Linux invalidates such pages in
+        // cleancache instead of putting them (not mapped to disk), so its re-read goes to the disk.
+        let t = replay("3,0,16,W\n4,0,16,R\n3,0,16,R\n");
+        assert_eq!(t.writebacks, 16);
+        assert_eq!(t.mem_hits, 0);
+        assert_eq!(t.disk_reads, 32);
+        assert_eq!(t.cache.mem.puts, 16, "only file 4's read pages");
     }
 }

@@ -12,6 +12,8 @@ pub enum BenchCommand {
     Ssd(SsdArgs),
     /// Put cost with content de-duplication against without.
     Dedup(DedupArgs),
+    /// The lab emulator's guest page accesses per second on one core, full stack.
+    Lab(LabArgs),
     /// The daemon over TCP loopback against memcached: same load generator, connections, pipeline
     /// depth, batch size, 4 KiB values, key distribution and get/put mix.
     Server(ServerArgs),
@@ -86,6 +88,22 @@ pub struct ServerArgs {
     memcached: PathBuf,
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct LabArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The bundled scenario to run (every variant).
+    #[arg(long, default_value = "fig3-4-global-share")]
+    scenario: String,
+    /// Its size and time scale.
+    #[arg(long, default_value_t = 0.1)]
+    scale: f64,
+    /// Minimum wall time; whole runs repeat until it has passed.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
 }
 
 #[derive(Args, Debug)]
@@ -186,6 +204,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Server(a) => server(a)?,
         BenchCommand::Fuse(a) => fuse(a)?,
+        BenchCommand::Lab(a) => lab(a)?,
         BenchCommand::Dedup(a) => {
             let opts = dd_bench::dedup::DedupBenchOptions {
                 working_set_pages: a.working_set_pages,
@@ -363,5 +382,31 @@ fn fuse(a: FuseArgs) -> Result<()> {
         );
     }
     println!("speed-up of re-reads {:.2}x", r.speedup);
+    Ok(())
+}
+
+fn lab(a: LabArgs) -> Result<()> {
+    let opts =
+        dd_bench::lab::LabBenchOptions { scenario: a.scenario, scale: a.scale, duration_secs: a.seconds };
+    let r =
+        dd_bench::lab::run(&opts, &mut |msg| eprintln!("bench lab: {msg}")).context("bench lab failed")?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!("scenario               {} at scale {}", r.scenario, r.scale);
+        println!("runs                   {:>14}", r.runs);
+        println!("page accesses          {:>14}", r.accesses);
+        println!("wall / CPU seconds     {:>14.2} / {:.2}", r.wall_s, r.cpu_s);
+        println!("accesses per wall s    {:>14.0}", r.accesses_per_wall_s);
+        println!(
+            "accesses per CPU s     {:>14.0}  (one core; target {:.0}: {})",
+            r.accesses_per_cpu_s,
+            r.target_accesses_per_s,
+            if r.meets_target { "met" } else { "missed" }
+        );
+        println!("page-cache misses      {:>14}", r.page_cache_misses);
+        println!("engine gets / puts     {:>14} / {}", r.engine_gets, r.engine_puts);
+        println!("verified hits          {:>14}", r.verified_hits);
+    }
     Ok(())
 }

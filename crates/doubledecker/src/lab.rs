@@ -39,6 +39,16 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run against a running daemon's data plane (`unix:PATH` or `tcp:HOST:PORT`) instead of the
+    /// in-process engine; it must run the lab's engine settings (docs/scenario-format.md).
+    #[arg(long, requires_all = ["admin", "token"])]
+    daemon: Option<String>,
+    /// The daemon's admin API address (`HOST:PORT`).
+    #[arg(long)]
+    admin: Option<String>,
+    /// The daemon's host admin token (registers the scenario's VMs, sets capacities and mode).
+    #[arg(long, env = "DD_HOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 pub fn run(cmd: LabCommand) -> Result<()> {
@@ -62,6 +72,15 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 let name = a.scenario.clone().unwrap_or_default();
                 vec![load(&name)?]
             };
+            let daemon = match (&a.daemon, &a.admin, &a.token) {
+                (Some(d), Some(admin), Some(token)) => Some(dd_lab::remote::DaemonTarget {
+                    data: dd_lab::remote::DataAddr::parse(d)?,
+                    admin: admin.clone(),
+                    host_token: token.clone(),
+                }),
+                (None, _, _) => None,
+                _ => bail!("--daemon needs --admin and --token (or DD_HOST_TOKEN)"),
+            };
             let mut results = Vec::new();
             let mut failed = Vec::new();
             for (sc, base) in &targets {
@@ -71,6 +90,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                     seed: a.seed,
                     base_dir: base.clone(),
                     scratch_dir: a.scratch_dir.clone(),
+                    daemon: daemon.clone(),
                 };
                 let res = run_one(sc, &opts, &dir, a.quiet)?;
                 if !res.all_passed() {
