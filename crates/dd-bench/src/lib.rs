@@ -16,8 +16,8 @@
 pub mod daemon;
 pub mod dedup;
 pub mod fuse;
-pub mod remote;
 pub mod lab;
+pub mod remote;
 pub mod server;
 pub mod soak;
 pub mod ssd;
