@@ -5,7 +5,7 @@
 //!   `RwLock`; it changes only on control-plane calls and is read when a victim must be chosen.
 //! * **Pools** are found through a sharded table (`POOL_SHARDS` `RwLock`ed hash maps), so the data path
 //!   takes no lock shared by all pools: a put or get locks one table shard for reading (to clone the
-//!   pool's `Arc`) and then the pool's own mutex.
+//!   pool's `Arc`) and then the pool's own mutex. A [`PoolHandle`] holds that `Arc` and skips the table.
 //! * Each **store** (memory, SSD) has a capacity and a reservation counter. A put reserves a page
 //!   before it allocates; when the reservation fails the store is full and the putting thread evicts one
 //!   batch from the victim chosen by Algorithm 1 (VM first, then pool), serialised by the store's
@@ -493,12 +493,20 @@ impl Cache {
         self.shared.put_in(&p, key, data)
     }
 
+    /// A handle on one pool's data path: puts and gets through it skip the pool-table lookup (a shard
+    /// read lock, a hash probe and an `Arc` clone per call). For callers that issue many operations on a
+    /// pool they know, such as the lab's emulated guests. Operations through a handle on a destroyed
+    /// pool fail with [`CacheError::UnknownPool`], as they would by id.
+    pub fn pool_handle(&self, vm: VmId, pool: PoolId) -> Result<PoolHandle, CacheError> {
+        Ok(PoolHandle { shared: self.shared.clone(), pool: self.shared.pool(vm, pool)? })
+    }
+
     /// Looks a page up. On a hit copies it into `out` and returns true; in an exclusive pool the page is
     /// removed from the cache.
     pub fn get(&self, vm: VmId, pool: PoolId, key: Key, out: &mut [u8]) -> Result<bool, CacheError> {
         self.check_len(out.len())?;
         let p = self.shared.pool(vm, pool)?;
-        Ok(self.shared.get_in(&p, key, out))
+        Ok(self.shared.get_in(&p, key, out).is_some())
     }
 
     /// Stores several pages of one pool. Returns one outcome per page, in order.
@@ -841,10 +849,7 @@ impl Cache {
     }
 
     fn check_len(&self, len: usize) -> Result<(), CacheError> {
-        if len != self.shared.page_size {
-            return Err(CacheError::BadPageSize { expected: self.shared.page_size, got: len });
-        }
-        Ok(())
+        self.shared.check_len(len)
     }
 
     fn check_batch(&self, n: usize) -> Result<(), CacheError> {
@@ -859,6 +864,54 @@ impl Cache {
             Maintenance::Inline => self.shared.maintain_all_until_idle(),
             Maintenance::Background => self.shared.wake_worker(),
         }
+    }
+}
+
+/// One pool's data path, from [`Cache::pool_handle`]. Cheap to clone. Holding a handle keeps the pool's
+/// bookkeeping alive (not its pages: destroying the pool frees them and fails later calls).
+#[derive(Clone)]
+pub struct PoolHandle {
+    shared: Arc<Shared>,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for PoolHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolHandle").field("vm", &self.pool.vm).field("pool", &self.pool.id).finish()
+    }
+}
+
+impl PoolHandle {
+    pub fn id(&self) -> PoolId {
+        self.pool.id
+    }
+
+    pub fn vm(&self) -> VmId {
+        self.pool.vm
+    }
+
+    fn live(&self) -> Result<(), CacheError> {
+        // A destroy that races with an operation past this check is the same race as one between the
+        // pool-table lookup and the operation: a put fails under the pool lock, a get misses.
+        if self.pool.destroyed.load(Ordering::Acquire) {
+            return Err(CacheError::UnknownPool(self.pool.id));
+        }
+        Ok(())
+    }
+
+    /// [`Cache::put`] on this pool.
+    pub fn put(&self, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
+        self.shared.check_len(data.len())?;
+        self.live()?;
+        self.shared.put_in(&self.pool, key, data)
+    }
+
+    /// [`Cache::get`] on this pool, saying which tier held the page: `Some(tier)` on a hit (copied into
+    /// `out`; removed from an exclusive pool), `None` on a miss.
+    pub fn get(&self, key: Key, out: &mut [u8]) -> Result<Option<StoreKind>, CacheError> {
+        self.shared.check_len(out.len())?;
+        self.live()?;
+        Ok(self.shared.get_in(&self.pool, key, out))
     }
 }
 
@@ -924,6 +977,13 @@ impl Shared {
     }
 
     /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
+    fn check_len(&self, len: usize) -> Result<(), CacheError> {
+        if len != self.page_size {
+            return Err(CacheError::BadPageSize { expected: self.page_size, got: len });
+        }
+        Ok(())
+    }
+
     fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
         match self.pools[shard_of(pool)].read().get(&pool) {
             Some(p) if p.vm == vm => Ok(p.clone()),
@@ -965,6 +1025,7 @@ impl Shared {
     /// with the tree write-locked; removes the pool from the table.
     fn destroy_locked(&self, p: &Arc<Pool>) -> Counters {
         self.pools[shard_of(p.id)].write().remove(&p.id);
+        p.destroyed.store(true, Ordering::Release);
         let (locs, counters) = {
             let mut g = p.inner.lock();
             g.dead = true;
@@ -1419,7 +1480,8 @@ impl Shared {
         }
     }
 
-    fn get_in(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> bool {
+    /// A get; returns the tier that held the page, `None` on a miss.
+    fn get_in(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> Option<StoreKind> {
         if p.exclusive_gets {
             let taken = {
                 let mut g = p.inner.lock();
@@ -1430,13 +1492,13 @@ impl Shared {
                 p.publish(&g);
                 r
             };
-            let Some(loc) = taken else { return false };
+            let loc = taken?;
             let ok = self.read_owned(loc, out);
             self.free_locs(&[loc]);
             if !ok {
                 self.count_lost_page(p, loc.store());
             }
-            return ok;
+            return ok.then_some(loc.store());
         }
         self.get_shared(p, key, out)
     }
@@ -1472,7 +1534,7 @@ impl Shared {
     }
 
     /// A non-exclusive get (persistent pools, inclusive pools): the page stays.
-    fn get_shared(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> bool {
+    fn get_shared(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> Option<StoreKind> {
         // SSD pages are read without the lock and validated afterwards; a concurrent replacement makes
         // the read stale, so retry a few times, then report a miss (a cache may miss, never lie).
         for _ in 0..8 {
@@ -1480,7 +1542,7 @@ impl Shared {
                 let mut g = p.inner.lock();
                 let Some(id) = g.lookup(key) else {
                     g.counters.gets_missed += 1;
-                    return false;
+                    return None;
                 };
                 let e = g.entry(id);
                 match e.loc {
@@ -1488,7 +1550,7 @@ impl Shared {
                         self.mem.read(f, out);
                         g.counters.mem.gets_hit += 1;
                         g.touch(id);
-                        return true;
+                        return Some(StoreKind::Mem);
                     }
                     Loc::Ssd(slot) => (slot, e.version),
                 }
@@ -1500,7 +1562,7 @@ impl Shared {
                     if read_ok {
                         g.counters.ssd.gets_hit += 1;
                         g.touch(id);
-                        return true;
+                        return Some(StoreKind::Ssd);
                     }
                     // The entry is intact but its slot cannot be read: drop it.
                     let e = g.remove(id, Departure::Evict);
@@ -1508,13 +1570,13 @@ impl Shared {
                     p.publish(&g);
                     drop(g);
                     self.free_locs(&[e.loc]);
-                    return false;
+                    return None;
                 }
                 _ => continue,
             }
         }
         p.inner.lock().counters.gets_missed += 1;
-        false
+        None
     }
 
     fn get_batch_in(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
@@ -1523,7 +1585,7 @@ impl Shared {
             return keys
                 .iter()
                 .enumerate()
-                .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]))
+                .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]).is_some())
                 .collect();
         }
         let mut hits = vec![false; keys.len()];

@@ -46,7 +46,7 @@ pub mod stats;
 pub mod store;
 pub mod types;
 
-pub use cache::{Cache, GetOutcome};
+pub use cache::{Cache, GetOutcome, PoolHandle};
 pub use config::EngineConfig;
 pub use error::CacheError;
 pub use remote::{Evicted, RemoteRef, RemoteSink};

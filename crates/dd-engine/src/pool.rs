@@ -118,6 +118,8 @@ pub(crate) struct Pool {
     pub dedup_domain: AtomicU64,
     /// Entitlement per store in pages, set when the partition is recomputed.
     pub entitlement: [AtomicU64; 2],
+    /// Set by destroy (before `inner.dead`): handles check it without taking the lock.
+    pub destroyed: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) struct PoolInner {
@@ -169,6 +171,7 @@ impl Pool {
             used: [AtomicU64::new(0), AtomicU64::new(0)],
             dedup_domain: AtomicU64::new(0),
             entitlement: [AtomicU64::new(0), AtomicU64::new(0)],
+            destroyed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

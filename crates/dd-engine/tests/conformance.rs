@@ -156,6 +156,44 @@ fn destroy_pool_frees_everything() {
 }
 
 #[test]
+fn pool_handle_is_the_same_data_path_as_ids() {
+    each(|f| {
+        let p = f.pool(1, PoolKind::Ephemeral);
+        let h = f.cache.pool_handle(VmId(1), p).unwrap();
+        assert_eq!((h.id(), h.vm()), (p, VmId(1)));
+        let mut out = vec![0u8; PS];
+        for i in 0..10 {
+            let k = Key::new(3, i);
+            let stored = h.put(k, &page(p, k, 1)).unwrap();
+            let PutOutcome::Stored(tier) = stored else { panic!("{:?}: refused", f.flavor) };
+            // A page put through the handle is the id path's page, and the reverse; the handle's get
+            // names the tier the put reported.
+            if i % 2 == 0 {
+                assert_eq!(h.get(k, &mut out).unwrap(), Some(tier), "{:?}", f.flavor);
+                assert_eq!(out, page(p, k, 1));
+            } else {
+                assert_eq!(get(&f.cache, 1, p, k), Some(page(p, k, 1)), "{:?}", f.flavor);
+            }
+            assert_eq!(h.get(k, &mut out).unwrap(), None, "exclusive ({:?})", f.flavor);
+        }
+        assert!(matches!(h.put(Key::new(1, 1), &[0u8; 7]), Err(CacheError::BadPageSize { .. })));
+        assert_eq!(
+            f.cache.pool_handle(VmId(2), p).map(|_| ()),
+            Err(CacheError::UnknownPool(p)),
+            "another VM's pool"
+        );
+        let k = Key::new(4, 0);
+        h.put(k, &page(p, k, 1)).unwrap();
+        f.cache.destroy_pool(VmId(1), p).unwrap();
+        assert_eq!(h.get(k, &mut out), Err(CacheError::UnknownPool(p)));
+        assert_eq!(h.put(k, &page(p, k, 2)).map(|_| ()), Err(CacheError::UnknownPool(p)));
+        let host = f.cache.host_stats();
+        assert_eq!(host.stores.iter().map(|s| s.used_pages).sum::<u64>(), 0);
+        assert_identity(&f.cache);
+    });
+}
+
+#[test]
 fn migrate_object_moves_pages_between_pools_of_a_vm() {
     each(|f| {
         let a = f.pool(1, PoolKind::Ephemeral);

@@ -14,7 +14,7 @@
 //! again when it is dropped, which also destroys their pools, so the next variant starts from an empty
 //! cache. VM ids that are already registered are an error, never taken over.
 
-use crate::backend::{BackendConfig, CacheOps, ENGINE_PAGE};
+use crate::backend::{BackendConfig, CacheOps, Lookup, ENGINE_PAGE};
 use crate::error::LabError;
 use dd_client::Client;
 use dd_engine::{Counters, Key, Mode, PoolId, PoolOptions, Spec, StoreKind, VmWeights};
@@ -140,6 +140,7 @@ impl Drop for Daemon {
 }
 
 impl CacheOps for Daemon {
+    const REPORTS_TIER: bool = false;
     fn add_vm(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError> {
         // Tokens are per run (process id) and per VM; the daemon rejects one already in use.
         let data = format!("dd-lab-{}-vm-{vm}-data", std::process::id());
@@ -196,8 +197,9 @@ impl CacheOps for Daemon {
             _ => None,
         })
     }
-    fn get(&mut self, vm: u32, pool: u32, key: Key, out: &mut [u8]) -> Result<bool, LabError> {
-        self.client(vm)?.get(PoolId(pool), key, out).map_err(|e| err("GET", e))
+    fn get(&mut self, vm: u32, pool: u32, key: Key, out: &mut [u8]) -> Result<Lookup, LabError> {
+        let hit = self.client(vm)?.get(PoolId(pool), key, out).map_err(|e| err("GET", e))?;
+        Ok(if hit { Lookup::Hit(None) } else { Lookup::Miss })
     }
     fn flush_page(&mut self, vm: u32, pool: u32, key: Key) -> Result<(), LabError> {
         self.client(vm)?.flush_page(PoolId(pool), key).map_err(|e| err("FLUSH_PAGE", e))?;
