@@ -577,8 +577,9 @@ pub fn wants_memory_plots(sc: &Scenario) -> bool {
 /// a `mem_ratio` check names, their usage ratio over time in every variant against the target
 /// (`ratio_<lhs>_<rhs>.png`, as Figures 4.6d, 4.7c and 4.9). Returns the file names.
 pub fn memory_plots(res: &ScenarioResult, dir: &std::path::Path) -> Result<Vec<String>, LabError> {
-    use plotters::prelude::*;
-    let perr = |e: &dyn std::fmt::Display| LabError::Plot(e.to_string());
+    use crate::plot::{file_safe, time_chart, Line};
+    use plotters::style::{Color, Palette, Palette99};
+    let color = |i: usize| Palette99::pick(i).to_rgba();
     let mut out = Vec::new();
     let mut pairs: Vec<(&str, &str, f64)> = Vec::new();
     for c in &res.scenario.checks {
@@ -589,10 +590,6 @@ pub fn memory_plots(res: &ScenarioResult, dir: &std::path::Path) -> Result<Vec<S
         }
     }
     for (lhs, rhs, target) in pairs {
-        let f = format!("ratio_{lhs}_{rhs}.png");
-        let path = dir.join(&f);
-        let root = BitMapBackend::new(&path, (900, 480)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| perr(&e))?;
         let mut lines = Vec::new();
         for r in &res.runs {
             let (Ok(l), Ok(h)) = (ct_of(r, lhs), ct_of(r, rhs)) else { continue };
@@ -603,86 +600,36 @@ pub fn memory_plots(res: &ScenarioResult, dir: &std::path::Path) -> Result<Vec<S
                 .filter(|(_, y)| y.memcg_pages > 0)
                 .map(|(x, y)| (x.t_s, x.memcg_pages as f64 / y.memcg_pages as f64))
                 .collect();
-            lines.push((r.variant.clone(), pts));
+            lines.push(Line { label: r.variant.clone(), color: color(lines.len()), pts, dashed: Vec::new() });
         }
         let dur = res.runs.first().map_or(1.0, |r| r.duration_s);
-        let ymax =
-            lines.iter().flat_map(|l| l.1.iter().map(|p| p.1)).fold(target * 1.5, f64::max).min(target * 4.0);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{}: usage {lhs} / {rhs}", res.scenario.name), ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..dur, 0f64..ymax)
-            .map_err(|e| perr(&e))?;
-        chart.configure_mesh().x_desc("time (s)").y_desc("ratio").draw().map_err(|e| perr(&e))?;
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(0.0, target), (dur, target)],
-                6,
-                4,
-                BLACK.stroke_width(1),
-            ))
-            .map_err(|e| perr(&e))?;
-        for (i, (name, pts)) in lines.into_iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(|e| perr(&e))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| perr(&e))?;
-        root.present().map_err(|e| perr(&e))?;
+        let ymax = lines
+            .iter()
+            .flat_map(|l| l.pts.iter().map(|p| p.1))
+            .fold(target * 1.5, f64::max)
+            .min(target * 4.0);
+        let f = format!("ratio_{lhs}_{rhs}.png");
+        let title = format!("{}: usage {lhs} / {rhs}", res.scenario.name);
+        time_chart(&dir.join(&f), &title, "ratio", dur, ymax, &[(0.0, target), (dur, target)], lines)?;
         out.push(f);
     }
     for run in &res.runs {
-        let f = format!(
-            "memory_{}.png",
-            run.variant
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
-                .collect::<String>()
-        );
-        let path = dir.join(&f);
-        let root = BitMapBackend::new(&path, (900, 480)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| perr(&e))?;
+        let lines = run
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, _, enabled))| *enabled)
+            .map(|(ci, (name, _, _))| Line {
+                label: name.clone(),
+                color: color(ci),
+                pts: run.samples.iter().filter(|s| s.ct == ci).map(|s| (s.t_s, mib(s.memcg_pages))).collect(),
+                dashed: Vec::new(),
+            })
+            .collect();
         let ymax = run.samples.iter().map(|s| mib(s.memcg_pages)).fold(1.0f64, f64::max) * 1.1;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{}: memcg usage ({})", res.scenario.name, run.variant), ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..run.duration_s, 0f64..ymax)
-            .map_err(|e| perr(&e))?;
-        chart.configure_mesh().x_desc("time (s)").y_desc("MiB").draw().map_err(|e| perr(&e))?;
-        for (ci, (name, _, en)) in run.containers.iter().enumerate() {
-            if !*en {
-                continue;
-            }
-            let color = Palette99::pick(ci).to_rgba();
-            let pts: Vec<(f64, f64)> =
-                run.samples.iter().filter(|s| s.ct == ci).map(|s| (s.t_s, mib(s.memcg_pages))).collect();
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(|e| perr(&e))?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| perr(&e))?;
-        root.present().map_err(|e| perr(&e))?;
+        let f = format!("memory_{}.png", file_safe(&run.variant));
+        let title = format!("{}: memcg usage ({})", res.scenario.name, run.variant);
+        time_chart(&dir.join(&f), &title, "MiB", run.duration_s, ymax, &[], lines)?;
         out.push(f);
     }
     Ok(out)

@@ -8,6 +8,7 @@
 
 use crate::error::LabError;
 use crate::report::ScenarioResult;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -38,64 +39,103 @@ fn perr<E: std::fmt::Display>(e: E) -> LabError {
     LabError::Plot(e.to_string())
 }
 
-fn file_safe(s: &str) -> String {
+pub(crate) fn file_safe(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
         .collect()
 }
 
-fn cache_plot(res: &ScenarioResult, vi: usize, path: &Path) -> Result<(), LabError> {
-    let run = &res.runs[vi];
+/// One line of a [`time_chart`]: solid with a legend entry, and an optional dashed companion in the same
+/// colour without one (an entitlement).
+pub(crate) struct Line {
+    pub label: String,
+    pub color: RGBAColor,
+    pub pts: Vec<(f64, f64)>,
+    pub dashed: Vec<(f64, f64)>,
+}
+
+type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+fn draw_legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, position: SeriesLabelPosition) -> Result<(), LabError> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+        .map_err(perr)
+}
+
+/// The chart every over-time plot of the lab is: 900x480, time in seconds on x from 0 to `duration_s`,
+/// `y_desc` on y from 0 to `ymax`, a black dashed `reference` line (a target) when given, the lines,
+/// the legend at the upper right.
+pub(crate) fn time_chart(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    duration_s: f64,
+    ymax: f64,
+    reference: &[(f64, f64)],
+    lines: Vec<Line>,
+) -> Result<(), LabError> {
+    register_font();
     let root = BitMapBackend::new(path, (900, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..duration_s, 0f64..ymax)
+        .map_err(perr)?;
+    chart.configure_mesh().x_desc("time (s)").y_desc(y_desc).draw().map_err(perr)?;
+    if !reference.is_empty() {
+        chart
+            .draw_series(DashedLineSeries::new(reference.to_vec(), 6, 4, BLACK.stroke_width(1)))
+            .map_err(perr)?;
+    }
+    for line in lines {
+        let color = line.color;
+        chart
+            .draw_series(LineSeries::new(line.pts, color.stroke_width(2)))
+            .map_err(perr)?
+            .label(line.label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        if !line.dashed.is_empty() {
+            chart
+                .draw_series(DashedLineSeries::new(line.dashed, 6, 4, color.stroke_width(1)))
+                .map_err(perr)?;
+        }
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    root.present().map_err(perr)?;
+    Ok(())
+}
+
+fn cache_plot(res: &ScenarioResult, vi: usize, path: &Path) -> Result<(), LabError> {
+    let run = &res.runs[vi];
     let ymax = run
         .samples
         .iter()
         .map(|s| ((s.mem_used + s.ssd_used).max(s.mem_ent)) as f64 / 256.0)
         .fold(1.0f64, f64::max)
         * 1.1;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{}: second-chance cache use ({})", res.scenario.name, run.variant),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..run.duration_s, 0f64..ymax)
-        .map_err(perr)?;
-    chart.configure_mesh().x_desc("time (s)").y_desc("MiB").draw().map_err(perr)?;
+    let mut lines = Vec::new();
     for (ci, (name, _, en)) in run.containers.iter().enumerate() {
         if !*en {
             continue;
         }
-        let color = COLORS[ci % COLORS.len()];
-        let pts: Vec<(f64, f64)> = run
-            .samples
-            .iter()
-            .filter(|s| s.ct == ci)
-            .map(|s| (s.t_s, (s.mem_used + s.ssd_used) as f64 / 256.0))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-            .map_err(perr)?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        let ent: Vec<(f64, f64)> =
-            run.samples.iter().filter(|s| s.ct == ci).map(|s| (s.t_s, s.mem_ent as f64 / 256.0)).collect();
-        if ent.iter().any(|p| p.1 > 0.0) {
-            chart.draw_series(DashedLineSeries::new(ent, 6, 4, color.stroke_width(1))).map_err(perr)?;
-        }
+        let mine = || run.samples.iter().filter(move |s| s.ct == ci);
+        let ent: Vec<(f64, f64)> = mine().map(|s| (s.t_s, s.mem_ent as f64 / 256.0)).collect();
+        lines.push(Line {
+            label: name.clone(),
+            color: COLORS[ci % COLORS.len()].to_rgba(),
+            pts: mine().map(|s| (s.t_s, (s.mem_used + s.ssd_used) as f64 / 256.0)).collect(),
+            dashed: if ent.iter().any(|p| p.1 > 0.0) { ent } else { Vec::new() },
+        });
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(perr)?;
-    root.present().map_err(perr)?;
-    Ok(())
+    let title = format!("{}: second-chance cache use ({})", res.scenario.name, run.variant);
+    time_chart(path, &title, "MiB", run.duration_s, ymax, &[], lines)
 }
 
 /// Throughput of each container in each variant, relative to the first variant.
@@ -167,13 +207,7 @@ fn throughput_plot(res: &ScenarioResult, path: &Path) -> Result<(), LabError> {
             .label(res.runs[vi].variant.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(perr)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(perr)?;
     Ok(())
 }
