@@ -9,6 +9,7 @@
 //! and reaps it (so a failing benchmark never leaves a daemon behind); the temporary folder lives as long
 //! as the daemon.
 
+use dd_client::admin::{AdminClient, AdminError};
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,8 +30,10 @@ pub enum DaemonError {
     NotReady(Duration),
     #[error("ready file: {0}")]
     ReadyFile(String),
-    #[error("admin API {method} {path}: {message}")]
-    Admin { method: String, path: String, message: String },
+    #[error("admin API {0}")]
+    Admin(#[from] AdminError),
+    #[error("data plane: {0}")]
+    DataPlane(#[from] dd_client::ClientError),
 }
 
 /// One VM registered through the configuration file.
@@ -175,26 +178,7 @@ impl Daemon {
         token: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<T, DaemonError> {
-        let url = format!("http://{}{}", self.admin, path);
-        let req = ureq::request(method, &url)
-            .set("Authorization", &format!("Bearer {token}"))
-            .timeout(Duration::from_secs(30));
-        let fail = |message: String| DaemonError::Admin { method: method.into(), path: path.into(), message };
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        let resp = match r {
-            Ok(r) => r,
-            Err(ureq::Error::Status(code, r)) => {
-                return Err(fail(format!("HTTP {code}: {}", r.into_string().unwrap_or_default())))
-            }
-            Err(e) => return Err(fail(e.to_string())),
-        };
-        let text = resp.into_string().map_err(|e| fail(e.to_string()))?;
-        // 204 answers have no body; "null" lets `()`-like targets (serde_json::Value) decode it.
-        let text = if text.trim().is_empty() { "null" } else { text.as_str() };
-        serde_json::from_str(text).map_err(|e| fail(format!("bad JSON: {e}")))
+        Ok(AdminClient::new(&self.admin.to_string()).call(method, path, token, body)?)
     }
 
     /// SIGTERM, then waits up to `grace`; returns whether it exited successfully. Past the grace the

@@ -372,7 +372,7 @@ fn admin_thread(
                 ) {
                     Ok(_) => add(&c.spec_changes, 1),
                     // The data thread destroyed it in between: the documented answer.
-                    Err(DaemonError::Admin { message, .. }) if message.contains("unknown_pool") => {
+                    Err(DaemonError::Admin(e)) if e.code() == Some("unknown_pool") => {
                         add(&c.admin_unknown_pool, 1)
                     }
                     Err(e) => return Err(e),
@@ -395,19 +395,8 @@ fn admin_thread(
                     &extra.admin_token,
                     Some(&json!({ "spec": { "type": "mem", "weight": 10 } })),
                 )?;
-                let mut cl =
-                    dd_client::Client::connect_tcp(d.tcp, extra.id, &extra.data_token).map_err(|e| {
-                        DaemonError::Admin {
-                            method: "HELLO".into(),
-                            path: "data plane".into(),
-                            message: e.to_string(),
-                        }
-                    })?;
-                cl.ping().map_err(|e| DaemonError::Admin {
-                    method: "PING".into(),
-                    path: "data plane".into(),
-                    message: e.to_string(),
-                })?;
+                let mut cl = dd_client::Client::connect_tcp(d.tcp, extra.id, &extra.data_token)?;
+                cl.ping()?;
                 drop(cl);
                 let _: serde_json::Value =
                     d.admin("DELETE", &format!("/v1/vms/{}", extra.id), HOST_TOKEN, None)?;

@@ -13,6 +13,10 @@
 //! Invariants: one client is one authenticated connection (HELLO is done by `connect_*`); a response
 //! whose id does not match the oldest outstanding request is a protocol error and poisons nothing but
 //! this client; a server error comes back as [`ClientError::Server`] with its stable status code.
+//!
+//! [`admin`] is the admin API's client (HTTP/JSON), for the tools that drive a daemon's control plane.
+
+pub mod admin;
 
 use dd_engine::{Key, PoolId, PoolOptions, PoolStats, PutOutcome, Spec, VmStats};
 use dd_proto::frame::{split_frame, Header};

@@ -16,11 +16,11 @@
 
 use crate::backend::{BackendConfig, CacheOps, Lookup, ENGINE_PAGE};
 use crate::error::LabError;
+use dd_client::admin::AdminClient;
 use dd_client::Client;
 use dd_engine::{Counters, Key, Mode, PoolId, PoolOptions, Spec, StoreKind, VmWeights};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// Where the daemon listens and the host administrator's token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +54,7 @@ impl DataAddr {
 /// The daemon as a [`CacheOps`]: admin calls over HTTP, data-plane calls over one connection per VM.
 pub struct Daemon {
     target: DaemonTarget,
+    api: AdminClient,
     clients: BTreeMap<u32, Client>,
 }
 
@@ -64,7 +65,8 @@ fn err(what: &str, e: impl std::fmt::Display) -> LabError {
 impl Daemon {
     /// Checks that the daemon runs the lab's engine page size and sets the host settings of `cfg`.
     pub fn connect(target: &DaemonTarget, cfg: &BackendConfig) -> Result<Daemon, LabError> {
-        let d = Daemon { target: target.clone(), clients: BTreeMap::new() };
+        let d =
+            Daemon { target: target.clone(), api: AdminClient::new(&target.admin), clients: BTreeMap::new() };
         let host = d.admin("GET", "/v1/host", None)?;
         let ps = host.get("page_size_bytes").and_then(|v| v.as_u64()).unwrap_or(0);
         if ps != ENGINE_PAGE as u64 {
@@ -100,27 +102,9 @@ impl Daemon {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<serde_json::Value, LabError> {
-        let url = format!("http://{}{}", self.target.admin, path);
-        let req = ureq::request(method, &url)
-            .set("Authorization", &format!("Bearer {}", self.target.host_token))
-            .timeout(Duration::from_secs(30));
-        let what = format!("{method} {path}");
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        let resp = match r {
-            Ok(r) => r,
-            Err(ureq::Error::Status(code, r)) => {
-                return Err(err(&what, format!("HTTP {code}: {}", r.into_string().unwrap_or_default())))
-            }
-            Err(e) => return Err(err(&what, e)),
-        };
-        let text = resp.into_string().map_err(|e| err(&what, e))?;
-        if text.trim().is_empty() {
-            return Ok(serde_json::Value::Null);
-        }
-        serde_json::from_str(&text).map_err(|e| err(&what, e))
+        self.api
+            .call(method, path, &self.target.host_token, body)
+            .map_err(|e| LabError::Daemon(e.to_string()))
     }
 
     fn client(&mut self, vm: u32) -> Result<&mut Client, LabError> {

@@ -5,6 +5,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
+use dd_client::admin::AdminClient;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -43,27 +44,7 @@ impl Conn {
     }
 
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value> {
-        let url = format!("{}{}", self.admin_url.trim_end_matches('/'), path);
-        let req = ureq::request(method, &url).set("Authorization", &format!("Bearer {token}"));
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match r {
-            Ok(resp) => {
-                let text = resp.into_string()?;
-                Ok(if text.is_empty() { Value::Null } else { serde_json::from_str(&text)? })
-            }
-            Err(ureq::Error::Status(code, resp)) => {
-                let body: Value = resp.into_json().unwrap_or(Value::Null);
-                bail!(
-                    "{method} {path}: HTTP {code} {}: {}",
-                    body["code"].as_str().unwrap_or("?"),
-                    body["message"].as_str().unwrap_or("")
-                )
-            }
-            Err(e) => Err(anyhow!("{method} {url}: {e}")),
-        }
+        Ok(AdminClient::new(&self.admin_url).call(method, path, token, body.as_ref())?)
     }
 }
 

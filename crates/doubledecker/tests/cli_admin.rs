@@ -54,3 +54,37 @@ fn config_check_prints_the_effective_configuration() {
     let back = dd_server::ServerConfig::from_toml(&text).unwrap();
     assert_eq!(back.engine.mem.capacity_bytes, 1 << 20);
 }
+
+#[test]
+fn admin_client_errors_keep_the_api_code() {
+    use dd_client::admin::{AdminClient, AdminError};
+    let mut d = Daemon::start(&[], "");
+    let api = AdminClient::new(&d.admin);
+    let vms: serde_json::Value = api.call("GET", "/v1/vms", HOST_TOKEN, None).unwrap();
+    assert!(vms.is_array() || vms.is_object(), "{vms}");
+    match api.call::<serde_json::Value>("GET", "/v1/vms", "not-the-token", None) {
+        Err(e @ AdminError::Status { status: 401, .. }) => assert_eq!(e.code(), Some("unauthorized")),
+        other => panic!("wrong token: {other:?}"),
+    }
+    match api.call::<serde_json::Value>("DELETE", "/v1/vms/99", HOST_TOKEN, None) {
+        Err(e @ AdminError::Status { .. }) => assert_eq!(e.code(), Some("unknown_vm"), "{e}"),
+        other => panic!("unknown VM: {other:?}"),
+    }
+    // The CLI reports the same code.
+    let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+        .args(["vm", "remove", "99"])
+        .env("DD_ADMIN_URL", &d.admin)
+        .env("DD_ADMIN_TOKEN", HOST_TOKEN)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("DELETE /v1/vms/99: HTTP 404 unknown_vm"), "{stderr}");
+    // No daemon behind the address: a transport error, not a status.
+    let base = d.admin.clone();
+    d.stop();
+    match AdminClient::new(&base).call::<serde_json::Value>("GET", "/v1/vms", HOST_TOKEN, None) {
+        Err(AdminError::Transport { .. }) => {}
+        other => panic!("stopped daemon: {other:?}"),
+    }
+}
