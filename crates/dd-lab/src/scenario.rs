@@ -633,6 +633,29 @@ impl Scenario {
         Ok(s)
     }
 
+    /// The smallest scenario: one 64 MiB VM with one container `c` replaying the block trace at
+    /// `trace_path` through a plain-LRU page cache of `memory_limit_pages` pages, reclaimed one page at a
+    /// time, over an SSD-modelled disk, for `duration_s`; with `cache_mib` MiB of memory store behind it
+    /// (0: no second-chance cache). Trace studies start from it; the exact-LRU tests use it.
+    pub fn trace_replay(
+        trace_path: &str,
+        memory_limit_pages: u64,
+        cache_mib: f64,
+        duration_s: f64,
+    ) -> Scenario {
+        let cache = if cache_mib > 0.0 { "" } else { "cache = { type = \"none\" }" };
+        Scenario::from_toml(&format!(
+            "name = \"trace-replay\"\nduration_s = {duration_s:?}\n\
+             [host]\nmem_capacity_mib = {cache_mib:?}\ndisk = {{ kind = \"ssd\" }}\n\
+             [guest]\nlru = \"plain\"\nreclaim_batch_pages = 1\n\
+             [[vms]]\nname = \"vm\"\nmemory_mib = 64\n\
+             [[vms.containers]]\nname = \"c\"\nmemory_limit_mib = {:?}\n{cache}\n\
+             workload = {{ kind = \"trace\", path = {trace_path:?} }}\n",
+            memory_limit_pages as f64 / 256.0
+        ))
+        .expect("a valid scenario for any trace path, limit and positive duration")
+    }
+
     /// The variants to run (one implicit `default` when none is declared).
     pub fn variant_list(&self) -> Vec<Variant> {
         if self.variants.is_empty() {

@@ -1213,26 +1213,7 @@ mod tests {
     /// One container with a 16-page memcg replaying `trace` (plain LRU, reclaim one page at a time) over
     /// a 256-page memory store. Returns its totals.
     fn replay(trace: &str) -> CtTotals {
-        let sc = Scenario::from_toml(
-            r#"
-name = "t"
-duration_s = 1000
-[host]
-mem_capacity_mib = 1
-disk = { kind = "ssd" }
-[guest]
-lru = "plain"
-reclaim_batch_pages = 1
-[[vms]]
-name = "vm"
-memory_mib = 64
-[[vms.containers]]
-name = "c"
-memory_limit_mib = 0.0625
-workload = { kind = "trace", path = "t.csv" }
-"#,
-        )
-        .unwrap();
+        let sc = Scenario::trace_replay("t.csv", 16, 1.0, 1000.0);
         let backend = EngineBackend::new(&BackendConfig {
             mem_pages: 256,
             mem_max_pages: 256,

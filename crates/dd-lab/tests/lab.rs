@@ -41,29 +41,8 @@ fn plain_lru_mode_matches_reference_lru_miss_counts() {
     }
     std::fs::write(dir.path().join("t.csv"), csv).unwrap();
     for pages in [64usize, 256, 512, 1024] {
-        let text = format!(
-            r#"
-name = "lru"
-duration_s = 100000
-sample_interval_s = 1000
-[host]
-mem_capacity_mib = 0
-disk = {{ kind = "ssd" }}
-[guest]
-lru = "plain"
-reclaim_batch_pages = 1
-[[vms]]
-name = "vm"
-memory_mib = 64
-[[vms.containers]]
-name = "c"
-memory_limit_mib = {}
-cache = {{ type = "none" }}
-workload = {{ kind = "trace", path = "t.csv" }}
-"#,
-            pages as f64 / 256.0
-        );
-        let sc = Scenario::from_toml(&text).unwrap();
+        let mut sc = Scenario::trace_replay("t.csv", pages as u64, 0.0, 100_000.0);
+        sc.sample_interval_s = 1000.0;
         let opts = RunOptions { base_dir: Some(dir.path().to_path_buf()), ..Default::default() };
         let res = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
         let t = &res.runs[0].totals[0];
