@@ -87,7 +87,8 @@ pub fn run(opts: &LabBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Lab
         return Err(LabBenchError::Scale(opts.scale));
     }
     let sc = bundled::get(&opts.scenario)?;
-    let ropts = RunOptions { scale: Some(opts.scale), ..Default::default() };
+    // One thread: the rate is per core, measured on the thread's CPU clock.
+    let ropts = RunOptions { scale: Some(opts.scale), jobs: Some(1), ..Default::default() };
     let mut r = LabBenchReport {
         scenario: opts.scenario.clone(),
         scale: opts.scale,

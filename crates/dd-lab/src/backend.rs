@@ -143,8 +143,11 @@ pub struct InProcess {
 
 impl InProcess {
     pub fn new(cfg: &BackendConfig) -> Result<InProcess, LabError> {
+        // One file per engine: variants may run side by side in one process.
+        static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let ssd_path = (cfg.ssd_pages > 0).then(|| {
-            cfg.scratch_dir.join(format!("dd-lab-ssd-{}-{:p}.bin", std::process::id(), &cfg.scratch_dir))
+            let n = NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cfg.scratch_dir.join(format!("dd-lab-ssd-{}-{n}.bin", std::process::id()))
         });
         let cache = Cache::new(engine_config(cfg, ssd_path.clone()))?;
         Ok(InProcess { cache, ssd_path, handles: Vec::new() })

@@ -51,10 +51,17 @@ pub struct RunOptions {
     pub scratch_dir: Option<PathBuf>,
     /// Run against this daemon instead of the in-process engine (same results; see [`remote`]).
     pub daemon: Option<remote::DaemonTarget>,
+    /// Threads that run variants side by side (each variant has its own engine, so results do not
+    /// depend on it). `None`: one per core. Runs against a daemon always take one variant at a time.
+    pub jobs: Option<usize>,
 }
 
 /// Runs every variant of a scenario with the in-process engine and evaluates its checks.
-/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes.
+/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes, always on the
+/// calling thread.
+///
+/// Variants are independent emulations (each its own guest, clock, random generators and engine), so
+/// they run on up to `opts.jobs` threads at once; the results are the same bytes in any case.
 pub fn run_scenario(
     sc: &Scenario,
     opts: &RunOptions,
@@ -81,22 +88,92 @@ pub fn run_scenario(
         };
         std::fs::read_to_string(&path).map_err(|e| LabError::io(&path, e))
     };
-    let mut runs = Vec::new();
-    for (vi, v) in scaled.variant_list().iter().enumerate() {
+    let variants = scaled.variant_list();
+    let run_variant = |v: &scenario::Variant, p: &mut dyn FnMut(f64)| -> Result<sim::RunResult, LabError> {
         let s = sim::apply_variant(&scaled, v);
         let cfg = backend_config(&s, opts);
-        let mut p = |f| progress(vi, f);
-        let run = match &opts.daemon {
-            None => sim::Sim::new(&s, v, EngineBackend::new(&cfg)?, &load)?.run(&mut p)?,
+        match &opts.daemon {
+            None => sim::Sim::new(&s, v, EngineBackend::new(&cfg)?, &load)?.run(p),
             Some(t) => {
                 let backend = Stamped::over(remote::Daemon::connect(t, &cfg)?);
-                sim::Sim::new(&s, v, backend, &load)?.run(&mut p)?
+                sim::Sim::new(&s, v, backend, &load)?.run(p)
             }
-        };
-        runs.push(run);
+        }
+    };
+    let jobs = match opts.daemon {
+        Some(_) => 1,
+        None => opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     }
+    .clamp(1, variants.len().max(1));
+    let runs = if jobs == 1 {
+        let mut runs = Vec::new();
+        for (vi, v) in variants.iter().enumerate() {
+            runs.push(run_variant(v, &mut |f| progress(vi, f))?);
+        }
+        runs
+    } else {
+        run_parallel(&variants, jobs, &run_variant, progress)?
+    };
     let checks = report::evaluate(&scaled, &runs);
     Ok(ScenarioResult { scenario: scaled, scale, runs, checks })
+}
+
+/// Runs one variant, reporting the fraction of it done.
+type RunVariant<'a> =
+    dyn Fn(&scenario::Variant, &mut dyn FnMut(f64)) -> Result<sim::RunResult, LabError> + Sync + 'a;
+
+/// Runs `variants` on `jobs` threads, each taking the next variant not yet started; progress reports
+/// come back over a channel to the calling thread. Returns the runs in variant order, or the error of the
+/// first variant (in order) that failed.
+fn run_parallel(
+    variants: &[scenario::Variant],
+    jobs: usize,
+    run_variant: &RunVariant<'_>,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<Vec<sim::RunResult>, LabError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<sim::RunResult, LabError>>>> =
+        Mutex::new((0..variants.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, f64)>();
+        for _ in 0..jobs {
+            let tx = tx.clone();
+            let (next, results) = (&next, &results);
+            scope.spawn(move || loop {
+                let vi = next.fetch_add(1, Ordering::Relaxed);
+                let Some(v) = variants.get(vi) else { break };
+                // A closed channel only means nobody watches the progress any more.
+                let r = run_variant(v, &mut |f| {
+                    let _ = tx.send((vi, f));
+                });
+                let failed = r.is_err();
+                results.lock().unwrap_or_else(|e| e.into_inner())[vi] = Some(r);
+                if failed {
+                    // Do not start more variants; the ones running finish.
+                    next.store(variants.len(), Ordering::Relaxed);
+                }
+            });
+        }
+        drop(tx);
+        for (vi, f) in rx {
+            progress(vi, f);
+        }
+    });
+    let mut runs = Vec::with_capacity(variants.len());
+    for (vi, r) in results.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().enumerate() {
+        match r {
+            Some(r) => runs.push(r?),
+            None => {
+                return Err(LabError::Invalid {
+                    field: "variants".into(),
+                    message: format!("variant {vi} did not run: an earlier variant failed"),
+                })
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// The cache's host settings for a (scaled, variant-applied) scenario: the memory arena is reserved

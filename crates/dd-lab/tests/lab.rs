@@ -52,19 +52,44 @@ fn plain_lru_mode_matches_reference_lru_miss_counts() {
     }
 }
 
-fn outputs(seed: u64) -> (String, String) {
+fn outputs(seed: u64, jobs: usize) -> (String, String) {
     let sc = bundled::get("fig3-4-global-share").unwrap();
-    let opts = RunOptions { scale: Some(0.02), seed: Some(seed), ..Default::default() };
+    let opts = RunOptions { scale: Some(0.02), seed: Some(seed), jobs: Some(jobs), ..Default::default() };
     let res = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
     (report::summary_json(&res), report::timeseries_csv(&res).unwrap())
 }
 
 #[test]
 fn same_seed_gives_identical_outputs_and_different_seeds_differ() {
-    let a = outputs(3);
-    let b = outputs(3);
+    let a = outputs(3, 1);
+    let b = outputs(3, 1);
     assert!(a.0 == b.0, "summary.json differs between two runs with the same seed");
     assert!(a.1 == b.1, "timeseries.csv differs between two runs with the same seed");
-    let c = outputs(4);
+    let c = outputs(4, 1);
     assert!(a.1 != c.1, "a different seed gave the same time series");
+}
+
+#[test]
+fn variants_run_side_by_side_give_the_same_bytes() {
+    // fig3-4 has five variants: three threads interleave them in an order that varies from run to run.
+    let one = outputs(3, 1);
+    let three = outputs(3, 3);
+    assert!(one.0 == three.0, "summary.json depends on the number of threads");
+    assert!(one.1 == three.1, "timeseries.csv depends on the number of threads");
+}
+
+#[test]
+fn a_failing_variant_fails_the_run_on_any_number_of_threads() {
+    let mut sc = Scenario::trace_replay("no-such-trace.csv", 16, 1.0, 10.0);
+    let dir = tempfile::tempdir().unwrap();
+    sc.variants = ["a", "b", "c"]
+        .iter()
+        .map(|n| dd_lab::scenario::Variant { name: n.to_string(), ..Default::default() })
+        .collect();
+    for jobs in [1, 2, 3] {
+        let opts =
+            RunOptions { base_dir: Some(dir.path().to_path_buf()), jobs: Some(jobs), ..Default::default() };
+        let e = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap_err();
+        assert!(e.to_string().contains("no-such-trace.csv"), "{jobs} threads: {e}");
+    }
 }

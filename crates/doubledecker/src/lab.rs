@@ -39,6 +39,10 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Variants run side by side on up to this many threads (default: one per core). Each has its own
+    /// engine, so the outputs do not depend on it; memory use grows with it.
+    #[arg(long)]
+    jobs: Option<usize>,
     /// Run against a running daemon's data plane (`unix:PATH` or `tcp:HOST:PORT`) instead of the
     /// in-process engine; it must run the lab's engine settings (docs/scenario-format.md).
     #[arg(long, requires_all = ["admin", "token"])]
@@ -91,6 +95,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                     base_dir: base.clone(),
                     scratch_dir: a.scratch_dir.clone(),
                     daemon: daemon.clone(),
+                    jobs: a.jobs,
                 };
                 let res = run_one(sc, &opts, &dir, a.quiet)?;
                 if !res.all_passed() {
@@ -134,9 +139,20 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     pb.set_prefix(sc.name.clone());
     let names: Vec<String> = sc.variant_list().into_iter().map(|v| v.name).collect();
     let started = Instant::now();
+    // Variants may run side by side: the bar is the sum of their fractions, the message the running ones.
+    let mut done = vec![0f64; names.len()];
     let res = dd_lab::run_scenario(sc, opts, &mut |vi, f| {
-        pb.set_position(vi as u64 * 1000 + (f * 1000.0) as u64);
-        pb.set_message(names.get(vi).cloned().unwrap_or_default());
+        if let Some(d) = done.get_mut(vi) {
+            *d = f;
+        }
+        pb.set_position((done.iter().sum::<f64>() * 1000.0) as u64);
+        let running: Vec<&str> = names
+            .iter()
+            .zip(&done)
+            .filter(|(_, d)| **d > 0.0 && **d < 1.0)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        pb.set_message(running.join(" "));
     })
     .with_context(|| format!("scenario {}", sc.name))?;
     pb.finish_and_clear();
