@@ -220,15 +220,59 @@ pub fn parse_vm_rss(status: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again at once).
+/// A TCP port on 127.0.0.1 that is free now, for a listener whose address must be known before it
+/// starts (a coop peer, memcached). It is taken from below the kernel's ephemeral range: a port from
+/// `bind(port 0)` could be handed out again to any other socket binding port 0 (another daemon's data
+/// plane, say) before our listener binds it, which made a test fail with "Address already in use".
+/// Ports below the range are never handed out that way. Successive calls in a process return distinct
+/// ports (a counter), offset by the process id so that concurrent processes rarely try the same ones.
 pub fn free_port() -> Result<u16, DaemonError> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let low = ephemeral_range().0 as u32;
+    let span = low.saturating_sub(LOWEST);
+    for _ in 0..span.min(4096) {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = LOWEST + (std::process::id().wrapping_mul(997).wrapping_add(n)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return Ok(port as u16);
+        }
+    }
+    // No room below the range (an unusual ip_local_port_range): fall back to the kernel's choice.
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The kernel's ephemeral port range (`/proc/sys/net/ipv4/ip_local_port_range`), Linux's default when
+/// it cannot be read.
+pub fn ephemeral_range() -> (u16, u16) {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut it = text.split_whitespace().filter_map(|w| w.parse().ok());
+    match (it.next(), it.next()) {
+        (Some(a), Some(b)) => (a, b),
+        _ => (32768, 60999),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_and_below_the_ephemeral_range() {
+        // Regression: coop tests took peer ports from bind(port 0); another daemon binding port 0 got
+        // the same port first and the peer failed with "Address already in use".
+        let low = ephemeral_range().0;
+        let ports: Vec<u16> = (0..32).map(|_| free_port().unwrap()).collect();
+        for p in &ports {
+            assert!(*p < low, "port {p} is inside the ephemeral range from {low}");
+            std::net::TcpListener::bind(("127.0.0.1", *p)).unwrap();
+        }
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ports.len(), "{ports:?}");
+    }
 
     #[test]
     fn parses_vm_rss() {

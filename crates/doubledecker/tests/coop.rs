@@ -16,7 +16,7 @@ const MEM_PAGES: u64 = 256;
 
 /// A free loopback port (bound, read and released; the daemon binds it right after).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    dd_bench::daemon::free_port().unwrap()
 }
 
 struct Node {

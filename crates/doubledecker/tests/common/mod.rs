@@ -66,9 +66,13 @@ impl Daemon {
         // Wait for the ready file (written atomically once every listener is bound). This is a bound on
         // how long to wait for start-up, not a timing assertion.
         let deadline = Instant::now() + Duration::from_secs(60);
+        let mut child = child;
         let bound: serde_json::Value = loop {
             if let Ok(t) = std::fs::read_to_string(&ready) {
                 break serde_json::from_str(&t).expect("ready file is JSON");
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the daemon exited before it was ready ({status}); its stderr is above");
             }
             assert!(Instant::now() < deadline, "daemon did not become ready");
             std::thread::sleep(Duration::from_millis(20));
