@@ -976,7 +976,6 @@ impl Shared {
         cv.notify_one();
     }
 
-    /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
     fn check_len(&self, len: usize) -> Result<(), CacheError> {
         if len != self.page_size {
             return Err(CacheError::BadPageSize { expected: self.page_size, got: len });
@@ -984,6 +983,7 @@ impl Shared {
         Ok(())
     }
 
+    /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
     fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
         match self.pools[shard_of(pool)].read().get(&pool) {
             Some(p) if p.vm == vm => Ok(p.clone()),

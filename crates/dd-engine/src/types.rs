@@ -198,4 +198,12 @@ impl PutOutcome {
     pub fn is_stored(&self) -> bool {
         matches!(self, PutOutcome::Stored(_))
     }
+
+    /// The store that took the page, `None` when the put was refused.
+    pub fn tier(&self) -> Option<StoreKind> {
+        match self {
+            PutOutcome::Stored(s) => Some(*s),
+            PutOutcome::Refused => None,
+        }
+    }
 }

@@ -153,10 +153,13 @@ impl InProcess {
         Ok(InProcess { cache, ssd_path, handles: Vec::new() })
     }
 
-    /// The handle of a live pool of `vm`; `None` sends the call down the by-id path, which reports the
-    /// engine's error.
-    fn handle(&self, vm: u32, pool: u32) -> Option<&PoolHandle> {
-        self.handles.get(pool as usize)?.as_ref().filter(|h| h.vm() == VmId(vm))
+    /// The handle of a live pool of `vm`. Every live pool has one, so a missing handle is the engine's
+    /// answer for a pool that does not exist or belongs to another VM.
+    fn handle(&self, vm: u32, pool: u32) -> Result<&PoolHandle, LabError> {
+        match self.handles.get(pool as usize).and_then(Option::as_ref) {
+            Some(h) if h.vm() == VmId(vm) => Ok(h),
+            _ => Err(dd_engine::CacheError::UnknownPool(PoolId(pool)).into()),
+        }
     }
 }
 
@@ -204,24 +207,10 @@ impl CacheOps for InProcess {
         Ok(())
     }
     fn put(&mut self, vm: u32, pool: u32, key: Key, page: &[u8]) -> Result<Option<StoreKind>, LabError> {
-        let outcome = match self.handle(vm, pool) {
-            Some(h) => h.put(key, page)?,
-            None => self.cache.put(VmId(vm), PoolId(pool), key, page)?,
-        };
-        Ok(match outcome {
-            dd_engine::PutOutcome::Stored(s) => Some(s),
-            _ => None,
-        })
+        Ok(self.handle(vm, pool)?.put(key, page)?.tier())
     }
     fn get(&mut self, vm: u32, pool: u32, key: Key, out: &mut [u8]) -> Result<Lookup, LabError> {
-        Ok(match self.handle(vm, pool) {
-            Some(h) => h.get(key, out)?.map_or(Lookup::Miss, |t| Lookup::Hit(Some(t))),
-            // Every live pool of `vm` has a handle: this reports the engine's error.
-            None => match self.cache.get(VmId(vm), PoolId(pool), key, out)? {
-                true => Lookup::Hit(None),
-                false => Lookup::Miss,
-            },
-        })
+        Ok(self.handle(vm, pool)?.get(key, out)?.map_or(Lookup::Miss, |t| Lookup::Hit(Some(t))))
     }
     fn flush_page(&mut self, vm: u32, pool: u32, key: Key) -> Result<(), LabError> {
         self.cache.flush_page(VmId(vm), PoolId(pool), key)?;
@@ -463,6 +452,19 @@ mod tests {
             }
         }
         assert!(seen[0] > 0 && seen[1] > 0, "both tiers hit: {seen:?}");
+    }
+
+    #[test]
+    fn an_unknown_or_foreign_pool_is_the_engines_unknown_pool() {
+        let (mut b, p) = one_pool(PoolKind::Ephemeral);
+        b.add_vm(2, 100, 100).unwrap();
+        for (vm, pool) in [(1, p + 7), (2, p)] {
+            let want = format!("{}", dd_engine::CacheError::UnknownPool(PoolId(pool)));
+            assert!(b.put(vm, pool, 1, 0, 1).unwrap_err().to_string().contains(&want));
+            assert!(b.get(vm, pool, 1, 0, 1).unwrap_err().to_string().contains(&want));
+        }
+        b.destroy_pool(1, p).unwrap();
+        assert!(b.put(1, p, 1, 0, 1).is_err(), "a destroyed pool");
     }
 
     #[test]

@@ -161,19 +161,14 @@ fn run_parallel(
             progress(vi, f);
         }
     });
-    let mut runs = Vec::with_capacity(variants.len());
-    for (vi, r) in results.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().enumerate() {
-        match r {
-            Some(r) => runs.push(r?),
-            None => {
-                return Err(LabError::Invalid {
-                    field: "variants".into(),
-                    message: format!("variant {vi} did not run: an earlier variant failed"),
-                })
-            }
-        }
-    }
-    Ok(runs)
+    // Variants start in index order and none starts after a failure, so in index order an error comes
+    // before any variant that never ran; collecting stops at the first error.
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("a variant left unstarted follows the failed one"))
+        .collect()
 }
 
 /// The cache's host settings for a (scaled, variant-applied) scenario: the memory arena is reserved

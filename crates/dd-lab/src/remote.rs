@@ -176,10 +176,7 @@ impl CacheOps for Daemon {
         Ok(())
     }
     fn put(&mut self, vm: u32, pool: u32, key: Key, page: &[u8]) -> Result<Option<StoreKind>, LabError> {
-        Ok(match self.client(vm)?.put(PoolId(pool), key, page).map_err(|e| err("PUT", e))? {
-            dd_engine::PutOutcome::Stored(s) => Some(s),
-            _ => None,
-        })
+        Ok(self.client(vm)?.put(PoolId(pool), key, page).map_err(|e| err("PUT", e))?.tier())
     }
     fn get(&mut self, vm: u32, pool: u32, key: Key, out: &mut [u8]) -> Result<Lookup, LabError> {
         let hit = self.client(vm)?.get(PoolId(pool), key, out).map_err(|e| err("GET", e))?;
