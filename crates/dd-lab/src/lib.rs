@@ -4,14 +4,16 @@
 //! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
-//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`guest`] (page cache,
-//! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F
-//! request generators), [`kvstore`] (Redis-like and MongoDB-like stores), [`memctl`] (the VM memory
-//! controller of thesis 000 chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory
-//! plots), [`backend`] (the second-chance cache interface and the in-process engine), [`remote`] (a
-//! running daemon as the cache), [`sim`] (event queue, clock, I/O path,
-//! timeline, sampling), [`report`] (checks, `summary.json`, `timeseries.csv`), [`plot`] (PNGs,
-//! `report.html`, index page), [`bundled`] (the scenarios shipped with the binary).
+//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling; `scenario::provision`:
+//! targets, the provisioner's settings, searches), [`guest`] (page cache, memcgs, LRU lists, reclaim),
+//! [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F request generators), [`kvstore`]
+//! (Redis-like, MongoDB-like and MySQL-like stores), [`memctl`] (the VM memory controller of thesis 000
+//! chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory plots), [`backend`] (the
+//! second-chance cache interface and the in-process engine), [`remote`] (a running daemon as the cache),
+//! [`streams`] (each provisioned container's online miss-ratio curves and counters), [`sim`] (event
+//! queue, clock, I/O path, timeline, sampling; `sim::provision`: the VM-level provisioner's decisions), [`report`] (checks, `summary.json`,
+//! `timeseries.csv`; `report::provision`: searches, target checks), [`plot`] (PNGs, `report.html`, index
+//! page), [`bundled`] (the scenarios shipped with the binary).
 //!
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
@@ -28,6 +30,7 @@ pub mod remote;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod streams;
 pub mod workload;
 pub mod ycsb;
 
@@ -88,7 +91,8 @@ pub fn run_scenario(
         };
         std::fs::read_to_string(&path).map_err(|e| LabError::io(&path, e))
     };
-    let variants = scaled.variant_list();
+    // Searching variants run as their candidates, collapsed back to one run each afterwards.
+    let variants = scaled.run_list();
     let run_variant = |v: &scenario::Variant, p: &mut dyn FnMut(f64)| -> Result<sim::RunResult, LabError> {
         let s = sim::apply_variant(&scaled, v);
         let cfg = backend_config(&s, opts);
@@ -114,8 +118,9 @@ pub fn run_scenario(
     } else {
         run_parallel(&variants, jobs, &run_variant, progress)?
     };
+    let (runs, searches) = report::provision::collapse(&scaled, &variants, runs);
     let checks = report::evaluate(&scaled, &runs);
-    Ok(ScenarioResult { scenario: scaled, scale, runs, checks })
+    Ok(ScenarioResult { scenario: scaled, scale, runs, checks, searches })
 }
 
 /// Runs one variant, reporting the fraction of it done.

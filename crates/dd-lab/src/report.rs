@@ -6,6 +6,8 @@
 //! `summary.json` and `timeseries.csv`. Timing fields (wall seconds, accesses per second) are printed by
 //! the command line and never written into these two files.
 
+pub mod provision;
+
 use crate::error::LabError;
 use crate::scenario::{CheckKind, Measure, Metric, Scenario};
 use crate::sim::{RunResult, Sample};
@@ -21,6 +23,8 @@ pub struct ScenarioResult {
     pub scale: f64,
     pub runs: Vec<RunResult>,
     pub checks: Vec<CheckResult>,
+    /// Searching variants: every candidate tried and the one in `runs` under the variant's name.
+    pub searches: Vec<provision::SearchResult>,
 }
 
 impl ScenarioResult {
@@ -228,6 +232,8 @@ pub fn evaluate(sc: &Scenario, runs: &[RunResult]) -> Vec<CheckResult> {
             CheckKind::ExceedGap(m) => crate::memctl::eval_exceed_gap(sc, runs, m),
             CheckKind::ReclaimMode(m) => crate::memctl::eval_reclaim_mode(runs, m),
             CheckKind::Protected(m) => crate::memctl::eval_protected(sc, runs, m),
+            CheckKind::Targets(m) => provision::eval_targets(sc, runs, m),
+            CheckKind::Violation(m) => provision::eval_violation(sc, runs, m),
             CheckKind::Coherent => {
                 has_coherent = true;
                 Ok((verified > 0, format!("{verified} second-chance hits verified, none stale")))
@@ -276,11 +282,14 @@ struct ContainerSummary {
 }
 
 #[derive(Serialize)]
-struct VariantSummary {
+struct VariantSummary<'a> {
     name: String,
     verified_hits: u64,
     page_accesses: u64,
     containers: Vec<ContainerSummary>,
+    /// The VM-level provisioners' decisions (only in variants that run one).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    decisions: &'a [crate::sim::Decision],
 }
 
 #[derive(Serialize)]
@@ -290,7 +299,9 @@ struct Summary<'a> {
     seed: u64,
     scale: f64,
     duration_s: f64,
-    variants: Vec<VariantSummary>,
+    variants: Vec<VariantSummary<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    searches: &'a [provision::SearchResult],
     checks: &'a [CheckResult],
     all_passed: bool,
 }
@@ -345,6 +356,7 @@ pub fn summary_json(res: &ScenarioResult) -> String {
             verified_hits: run.verified_hits,
             page_accesses: run.accesses,
             containers: cs,
+            decisions: &run.decisions,
         });
     }
     let s = Summary {
@@ -354,6 +366,7 @@ pub fn summary_json(res: &ScenarioResult) -> String {
         scale: res.scale,
         duration_s: res.scenario.duration_s,
         variants,
+        searches: &res.searches,
         checks: &res.checks,
         all_passed: res.all_passed(),
     };
@@ -366,7 +379,10 @@ pub fn summary_json(res: &ScenarioResult) -> String {
 pub fn timeseries_csv(res: &ScenarioResult) -> Result<String, LabError> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let e = |e: csv::Error| LabError::Plot(format!("csv: {e}"));
-    w.write_record([
+    // A scenario with a provisioner or targets gets the settings in force as extra columns.
+    let provisioning = res.scenario.vms.iter().any(|v| v.provision.is_some())
+        || res.scenario.containers().any(|(_, _, c)| c.target.is_some());
+    let mut header = vec![
         "variant",
         "time_s",
         "container",
@@ -391,14 +407,22 @@ pub fn timeseries_csv(res: &ScenarioResult) -> Result<String, LabError> {
         "page_cache_hits",
         "page_cache_misses",
         "disk_reads",
-    ])
-    .map_err(e)?;
+    ];
+    if provisioning {
+        header.extend(["memory_limit_mib", "cache_mem_weight", "cache_ssd_weight"]);
+    }
+    w.write_record(&header).map_err(e)?;
     let mib = |p: u64| format!("{:.3}", p as f64 / 256.0);
     for run in &res.runs {
         for s in &run.samples {
             let (name, vm, _) = &run.containers[s.ct];
             let lat = if s.ops > 0 { s.lat_ns as f64 / s.ops as f64 / 1e6 } else { 0.0 };
-            w.write_record([
+            let mut extra = Vec::new();
+            if provisioning {
+                // The settings in force: what the provisioner (or the scenario) decided.
+                extra.extend([mib(s.limit_pages), s.mem_weight.to_string(), s.ssd_weight.to_string()]);
+            }
+            let mut row = vec![
                 run.variant.clone(),
                 format!("{:.3}", s.t_s),
                 name.clone(),
@@ -423,8 +447,9 @@ pub fn timeseries_csv(res: &ScenarioResult) -> Result<String, LabError> {
                 s.pc_hits.to_string(),
                 s.pc_misses.to_string(),
                 s.disk_reads.to_string(),
-            ])
-            .map_err(e)?;
+            ];
+            row.extend(extra);
+            w.write_record(&row).map_err(e)?;
         }
     }
     let bytes = w.into_inner().map_err(|x| LabError::Plot(format!("csv: {x}")))?;

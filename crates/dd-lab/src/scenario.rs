@@ -9,6 +9,8 @@
 //! (duration, start/stop times, timeline, sampling interval, check windows) but no latency: the run is
 //! the same experiment in miniature, with the same shapes at proportionally earlier times.
 
+pub mod provision;
+
 use crate::error::LabError;
 use dd_engine::{Mode, Spec};
 use serde::{Deserialize, Serialize};
@@ -216,6 +218,9 @@ pub struct Vm {
     /// The VM's memory controller (thesis 000 chapter 4). Default none: Linux's own reclaim.
     #[serde(default)]
     pub memctl: Option<crate::memctl::VmMemctl>,
+    /// The VM-level provisioner of its containers (SPEC 10b). Default none.
+    #[serde(default)]
+    pub provision: Option<provision::VmProvision>,
     pub containers: Vec<Container>,
 }
 
@@ -250,6 +255,10 @@ pub struct Container {
     /// Emulated second at which it stops (its pool is destroyed). Default: never.
     #[serde(default)]
     pub stop_s: Option<f64>,
+    /// What the container must reach (the provisioner plans for it; `targets` and `violation` checks
+    /// test it), e.g. `{ kind = "throughput", ops_s = 900 }`. Default none.
+    #[serde(default)]
+    pub target: Option<dd_provision::Target>,
     pub workload: Workload,
 }
 
@@ -363,6 +372,17 @@ pub enum Workload {
         /// Request rate of the client (YCSB `-target`), operations/s; 0 (default) runs closed-loop.
         #[serde(default)]
         target_ops_s: f64,
+        /// `mysql` only: the buffer pool (`innodb_buffer_pool_size`), MiB; scaled. Default 128.
+        #[serde(default = "d_pool")]
+        buffer_pool_mib: f64,
+        /// `mysql` only: the tablespace page size (`innodb_page_size`), KiB. Default 16.
+        #[serde(default = "d_16k")]
+        page_kib: f64,
+        /// `mongo` and `mysql`: the load phase ran before the run, so the records start in the data file
+        /// on the disk with nothing cached (read in as they are used), and the run is the workload's
+        /// mix from the start. Default false (the run begins with the load phase).
+        #[serde(default)]
+        preload: bool,
     },
     /// Replay of a block trace (CSV: `object,index,pages,op` with op `R` or `W`), as fast as the
     /// modelled latencies allow, looping at the end. The path is relative to the scenario file.
@@ -414,6 +434,9 @@ fn d_10() -> f64 {
 }
 fn d_half() -> f64 {
     0.5
+}
+fn d_pool() -> f64 {
+    128.0
 }
 
 /// A change at an emulated time.
@@ -516,6 +539,15 @@ pub struct Variant {
     /// Per-VM memory-controller overrides (policy, chunk cap).
     #[serde(default)]
     pub memctl: BTreeMap<String, crate::memctl::MemctlOverride>,
+    /// Per-VM switch of the provisioner (`[vms.provision]`).
+    #[serde(default)]
+    pub provision: BTreeMap<String, bool>,
+    /// This variant stands for the best of a grid of settings (see [`provision::Search`]).
+    #[serde(default)]
+    pub search: Option<provision::Search>,
+    /// Not part of the file: the searching variant a candidate was expanded from.
+    #[serde(skip)]
+    pub search_of: Option<String>,
 }
 
 /// What a check measures for one container or VM of one variant.
@@ -611,6 +643,10 @@ pub enum CheckKind {
     ReclaimMode(crate::memctl::ReclaimModeCheck),
     /// A container keeps its memory while others can still give (`memctl`).
     Protected(crate::memctl::ProtectedCheck),
+    /// Containers meet (or miss) their targets over a window.
+    Targets(provision::TargetsCheck),
+    /// A variant spends at most a fraction of a baseline's time below its targets.
+    Violation(provision::ViolationCheck),
 }
 
 fn d_tol() -> f64 {
@@ -656,13 +692,23 @@ impl Scenario {
         .expect("a valid scenario for any trace path, limit and positive duration")
     }
 
-    /// The variants to run (one implicit `default` when none is declared).
+    /// The variants of the scenario (one implicit `default` when none is declared); a searching
+    /// variant is one entry here.
     pub fn variant_list(&self) -> Vec<Variant> {
         if self.variants.is_empty() {
             vec![Variant { name: "default".into(), ..Default::default() }]
         } else {
             self.variants.clone()
         }
+    }
+
+    /// The variants to run: [`Scenario::variant_list`] with each searching variant replaced by its
+    /// candidates (in place, in order).
+    pub fn run_list(&self) -> Vec<Variant> {
+        let vm_memory = |c: &str| -> Option<(String, f64)> {
+            self.containers().find(|(_, _, ct)| ct.name == c).map(|(_, vm, _)| (vm.name.clone(), vm.memory_mib))
+        };
+        self.variant_list().iter().flat_map(|v| provision::expand(v, &vm_memory)).collect()
     }
 
     pub fn containers(&self) -> impl Iterator<Item = (usize, &Vm, &Container)> {
@@ -751,9 +797,12 @@ impl Scenario {
                 }
                 validate_workload(&c.workload, &format!("{p}.workload"))?;
             }
+            let names: Vec<&str> = vm.containers.iter().map(|c| c.name.as_str()).collect();
             if let Some(m) = &vm.memctl {
-                let names: Vec<&str> = vm.containers.iter().map(|c| c.name.as_str()).collect();
                 m.validate(&format!("{p}.memctl"), &names)?;
+            }
+            if let Some(pr) = &vm.provision {
+                pr.validate(&format!("{p}.provision"), &names)?;
             }
         }
         for (i, e) in self.timeline.iter().enumerate() {
@@ -817,7 +866,17 @@ impl Scenario {
                     return bad(&format!("{p}.memctl.{k}.chunk_cap_mib"), "must be positive");
                 }
             }
+            for k in v.provision.keys() {
+                if !self.vms.iter().any(|vm| &vm.name == k && vm.provision.is_some()) {
+                    return bad(&format!("{p}.provision.{k}"), "no such VM with a [vms.provision] table");
+                }
+            }
+            if let Some(s) = &v.search {
+                s.validate(&format!("{p}.search"), &ct_names)?;
+            }
         }
+        let targeted: HashSet<String> =
+            self.containers().filter(|(_, _, c)| c.target.is_some()).map(|(_, _, c)| c.name.clone()).collect();
         let entity_ok = |e: &str| ct_names.contains(e) || vm_names.contains(e);
         let variant_ok = |v: &Option<String>| v.as_ref().is_none_or(|v| var_names.contains(v));
         let check_measure = |m: &Measure, p: &str| -> Result<(), LabError> {
@@ -898,6 +957,16 @@ impl Scenario {
                         return bad(&format!("{p}.variant"), "no such variant");
                     }
                 }
+                CheckKind::Targets(t) => {
+                    provision::validate_check_names(&p, &[&t.variant], &t.entities, &var_names, &targeted)?
+                }
+                CheckKind::Violation(t) => {
+                    let (v, b) = (Some(t.variant.clone()), Some(t.baseline.clone()));
+                    provision::validate_check_names(&p, &[&v, &b], &t.entities, &var_names, &targeted)?;
+                    if !(t.max_ratio.is_finite() && t.max_ratio >= 0.0) {
+                        return bad(&format!("{p}.max_ratio"), "must be non-negative");
+                    }
+                }
             }
         }
         Ok(())
@@ -918,6 +987,9 @@ impl Scenario {
             vm.memory_mib *= k;
             if let Some(m) = vm.memctl.as_mut() {
                 m.scale(k);
+            }
+            if let Some(p) = vm.provision.as_mut() {
+                p.scale(k);
             }
             for c in &mut vm.containers {
                 c.memory_limit_mib = c.memory_limit_mib.map(|v| v * k);
@@ -951,6 +1023,9 @@ impl Scenario {
             for o in v.memctl.values_mut() {
                 o.chunk_cap_mib = o.chunk_cap_mib.map(|x| x * k);
             }
+            if let Some(se) = v.search.as_mut() {
+                se.scale(k);
+            }
         }
         let sm = |m: &mut Measure| {
             m.from_s = m.from_s.map(|x| x * k);
@@ -983,6 +1058,8 @@ impl Scenario {
                 CheckKind::ExceedGap(m) => m.scale(k),
                 CheckKind::ReclaimMode(m) => m.scale(k),
                 CheckKind::Protected(m) => m.scale(k),
+                CheckKind::Targets(m) => m.scale(k),
+                CheckKind::Violation(m) => m.scale(k),
             }
         }
         s
@@ -1002,7 +1079,10 @@ fn scale_workload(w: &mut Workload, k: f64) {
             *repint_s *= k;
         }
         Workload::Kv { dataset_mib, .. } => *dataset_mib *= k,
-        Workload::Ycsb { record_count, .. } => n(record_count),
+        Workload::Ycsb { record_count, buffer_pool_mib, .. } => {
+            n(record_count);
+            *buffer_pool_mib *= k;
+        }
         Workload::Trace { .. } => {}
     }
 }
@@ -1068,11 +1148,28 @@ fn validate_workload(w: &Workload, p: &str) -> Result<(), LabError> {
             }
             thr(*nthreads)
         }
-        Workload::Ycsb { record_count, record_kib, nthreads, target_ops_s, .. } => {
+        Workload::Ycsb {
+            store,
+            record_count,
+            record_kib,
+            nthreads,
+            target_ops_s,
+            buffer_pool_mib,
+            page_kib,
+            preload,
+            ..
+        } => {
+            if *preload && *store == crate::kvstore::StoreKind::Redis {
+                return Err(LabError::invalid(&format!("{p}.preload"), "redis loads its records into memory"));
+            }
             if *record_count == 0 || *record_count > (1 << 30) {
                 return Err(LabError::invalid(&format!("{p}.record_count"), "must be in 1..=2^30"));
             }
             pos(*record_kib, "record_kib")?;
+            pos(*buffer_pool_mib, "buffer_pool_mib")?;
+            if !(page_kib.is_finite() && *page_kib >= 4.0 && *page_kib <= 64.0) {
+                return Err(LabError::invalid(&format!("{p}.page_kib"), "must be in [4, 64]"));
+            }
             if !(target_ops_s.is_finite() && *target_ops_s >= 0.0) {
                 return Err(LabError::invalid(&format!("{p}.target_ops_s"), "must be non-negative"));
             }

@@ -15,11 +15,16 @@
 //! swap-in wait. A written page costs one page's disk transfer time (the steady state of Linux's dirty
 //! throttling).
 
+mod provision;
+
+pub use provision::{CurveSnapshot, DecidedContainer, Decision};
+
 use crate::backend::SecondChance;
 use crate::error::LabError;
 use crate::guest::{key, key_index, key_object, Evicted, Guest};
-use crate::kvstore::{Store, StoreKind as Db, Touch};
+use crate::kvstore::{Space, Store, StoreConfig, StoreKind as Db, Touch};
 use crate::scenario::{mib_pages, Container, Event, Scenario, Timing, Variant, Workload};
+use crate::streams::Streams;
 use crate::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Role, Trace};
 use dd_engine::{Counters, PoolKind, Spec, StoreKind};
 use rand::{Rng, SeedableRng};
@@ -62,6 +67,10 @@ pub struct Sample {
     /// its LRU fallback (levels, not deltas; 0 without a controller).
     pub reclaimed_directed: u64,
     pub reclaimed_lru: u64,
+    /// Settings in force at the sample: the memcg hard limit (pages) and the pool's weights.
+    pub limit_pages: u64,
+    pub mem_weight: u32,
+    pub ssd_weight: u32,
 }
 
 /// Per-container totals of a run.
@@ -93,6 +102,10 @@ pub struct RunResult {
     pub verified_hits: u64,
     /// Page accesses emulated (guest page-cache lookups).
     pub accesses: u64,
+    /// The VM-level provisioners' decisions, in time order.
+    pub decisions: Vec<Decision>,
+    /// Each provisioned container's curves at its VM's last decision.
+    pub curves: Vec<CurveSnapshot>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -179,6 +192,7 @@ struct Ev {
 const EV_CONTROL: u8 = 0;
 const EV_SAMPLE: u8 = 1;
 const EV_THREAD: u8 = 2;
+const EV_PROVISION: u8 = 3;
 
 /// The emulator for one variant of a scenario.
 pub struct Sim<B: SecondChance> {
@@ -209,6 +223,15 @@ pub struct Sim<B: SecondChance> {
     samples: Vec<Sample>,
     accesses: u64,
     variant: String,
+    /// Store capacities (pages) and VM weights as the timeline left them (the provisioner's budget).
+    capacity: [u64; 2],
+    vm_weights: Vec<(u32, u32)>,
+    /// Per VM, its provisioner (if it has one and the variant runs it).
+    prov: Vec<Option<provision::VmProv>>,
+    /// Per container, its observed streams (containers of provisioned VMs only).
+    streams: Vec<Option<Box<Streams>>>,
+    decisions: Vec<Decision>,
+    curves: Vec<CurveSnapshot>,
 }
 
 /// Applies a variant's overrides to a (scaled) scenario.
@@ -226,6 +249,9 @@ pub fn apply_variant(sc: &Scenario, v: &Variant) -> Scenario {
     for vm in &mut s.vms {
         if let Some(m) = v.vm_memory_mib.get(&vm.name) {
             vm.memory_mib = *m;
+        }
+        if let (Some(p), Some(on)) = (vm.provision.as_mut(), v.provision.get(&vm.name)) {
+            p.enabled = *on;
         }
         if let (Some(m), Some(o)) = (vm.memctl.as_mut(), v.memctl.get(&vm.name)) {
             m.apply(o);
@@ -297,7 +323,16 @@ impl<B: SecondChance> Sim<B> {
         let mut size = vec![0u32];
         let mut gen = vec![0u32];
         let mut controls: Vec<Event> = Vec::new();
+        let mut prov = Vec::new();
+        let mut streams: Vec<Option<Box<Streams>>> = Vec::new();
         for (vi, vm) in sc.vms.iter().enumerate() {
+            let p = provision::VmProv::new(sc, vi, cts.len());
+            for i in 0..vm.containers.len() {
+                // Each container's own sampling seed, from the scenario's seed and its position.
+                let seed = sc.seed ^ (0xd1b5_4a32_d192_ed03u64.wrapping_mul((cts.len() + i) as u64 + 1));
+                streams.push(p.as_ref().map(|p| Box::new(Streams::new(p.max_samples(), seed))));
+            }
+            prov.push(p);
             backend.add_vm(vi as u32 + 1, vm.mem_weight, vm.ssd_weight)?;
             let mut g = Guest::new(mib_pages(vm.memory_mib), sc.guest.lru, sc.guest.reclaim_batch_pages);
             g.set_size_scale(sc.guest.size_scale);
@@ -374,6 +409,12 @@ impl<B: SecondChance> Sim<B> {
             samples: Vec::new(),
             accesses: 0,
             variant: variant.name.clone(),
+            capacity: [mib_pages(sc.host.mem_capacity_mib), mib_pages(sc.host.ssd_capacity_mib)],
+            vm_weights: sc.vms.iter().map(|v| (v.mem_weight, v.ssd_weight)).collect(),
+            prov,
+            streams,
+            decisions: Vec::new(),
+            curves: Vec::new(),
         };
         for i in 0..sim.controls.len() {
             let t = ns(sim.controls[i].at_s());
@@ -383,6 +424,13 @@ impl<B: SecondChance> Sim<B> {
         while t <= sim.end {
             sim.push(t, EV_SAMPLE, 0, 0, 0);
             t += sim.sample_ns;
+        }
+        let times: Vec<(usize, Vec<u64>)> =
+            sim.prov.iter().enumerate().filter_map(|(v, p)| p.as_ref().map(|p| (v, p.times(sim.end)))).collect();
+        for (v, ts) in times {
+            for t in ts {
+                sim.push(t, EV_PROVISION, v as u32, 0, 0);
+            }
         }
         Ok(sim)
     }
@@ -475,21 +523,39 @@ impl<B: SecondChance> Sim<B> {
                 anon = Some(Anon { object: first, ver: vec![0; pages], swapped: vec![false; pages] });
                 Kind::Kv { pages: pages as u32, write_fraction: *write_fraction }
             }
-            Workload::Ycsb { store: sk, workload, record_count, record_kib, target_ops_s, .. } => {
-                let st = Store::new(*sk, *workload, *record_count, *record_kib, *target_ops_s);
-                let cap = st.capacity_pages();
-                match sk {
-                    Db::Redis => {
-                        size.push(cap);
-                        gen.push(0);
-                        let n = cap as usize;
-                        anon = Some(Anon { object: first, ver: vec![0; n], swapped: vec![false; n] });
-                    }
-                    // The data file grows as records are loaded and inserted.
-                    Db::Mongo => {
-                        size.push(0);
-                        gen.push(1);
-                    }
+            Workload::Ycsb {
+                store: sk,
+                workload,
+                record_count,
+                record_kib,
+                target_ops_s,
+                buffer_pool_mib,
+                page_kib,
+                preload,
+                ..
+            } => {
+                let st = Store::new(&StoreConfig {
+                    kind: *sk,
+                    workload: *workload,
+                    record_count: *record_count,
+                    record_kib: *record_kib,
+                    target_ops_s: *target_ops_s,
+                    buffer_pool_mib: *buffer_pool_mib,
+                    page_kib: *page_kib,
+                    preload: *preload,
+                });
+                // The heap (object `first`) and then the data file, as the store has them.
+                if matches!(sk, Db::Redis | Db::Mysql) {
+                    let n = st.heap_pages();
+                    size.push(n);
+                    gen.push(0);
+                    let n = n as usize;
+                    anon = Some(Anon { object: first, ver: vec![0; n], swapped: vec![false; n] });
+                }
+                if matches!(sk, Db::Mongo | Db::Mysql) {
+                    // The data file grows as records are loaded and inserted (or holds them already).
+                    size.push(st.initial_file_pages(*preload));
+                    gen.push(1);
                 }
                 store = Some(Box::new(st));
                 Kind::Ycsb
@@ -556,6 +622,7 @@ impl<B: SecondChance> Sim<B> {
                     self.sample()?;
                     progress(self.now as f64 / self.end as f64);
                 }
+                EV_PROVISION => self.provision(ev.a as usize)?,
                 _ => {
                     let (c, th) = (ev.a as usize, ev.b as usize);
                     if !self.cts[c].running || self.cts[c].epoch != ev.c {
@@ -594,6 +661,8 @@ impl<B: SecondChance> Sim<B> {
             totals: self.cts.iter().map(|c| c.tot.clone()).collect(),
             verified_hits: self.backend.verified_hits(),
             accesses: self.accesses,
+            decisions: std::mem::take(&mut self.decisions),
+            curves: std::mem::take(&mut self.curves),
         })
     }
 
@@ -656,9 +725,13 @@ impl<B: SecondChance> Sim<B> {
             Event::SetVmWeights { vm, mem, ssd, .. } => {
                 if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
                     self.backend.set_vm_weights(v as u32 + 1, mem, ssd)?;
+                    self.vm_weights[v] = (mem, ssd);
                 }
             }
-            Event::SetCapacity { store, mib, .. } => self.backend.set_capacity(store, mib_pages(mib))?,
+            Event::SetCapacity { store, mib, .. } => {
+                self.backend.set_capacity(store, mib_pages(mib))?;
+                self.capacity[store.idx()] = mib_pages(mib);
+            }
             Event::SetMode { mode, .. } => self.backend.set_mode(mode)?,
             Event::Balloon { vm, memory_mib, .. } => {
                 if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
@@ -725,6 +798,9 @@ impl<B: SecondChance> Sim<B> {
                 disk_reads: tt.disk_reads - lt.disk_reads,
                 reclaimed_directed: m.counters.reclaimed_directed,
                 reclaimed_lru: m.counters.reclaimed_lru,
+                limit_pages: m.hard,
+                mem_weight: ct.spec.weight(StoreKind::Mem),
+                ssd_weight: ct.spec.weight(StoreKind::Ssd),
             };
             self.samples.push(s);
             let (h, mi) = (m.counters.hits, m.counters.misses);
@@ -925,27 +1001,30 @@ impl<B: SecondChance> Sim<B> {
         }
         let was_loaded = st.loaded();
         let bytes = st.next(&mut ct.rng, &mut touches);
-        let (kind, obj, load_done) = (st.kind, ct.first_obj, !was_loaded && st.loaded());
+        let (kind, load_done) = (st.kind, !was_loaded && st.loaded());
+        // The data file follows the heap (MySQL) or is the store's only object (MongoDB).
+        let obj = ct.first_obj + (kind == Db::Mysql) as u32;
         let mut r = Ok(());
-        for &(first, n, write) in &touches {
-            r = match (kind, write) {
-                (Db::Redis, _) => (first..first + n).try_for_each(|p| self.anon_access(c, p, write, t)),
-                (Db::Mongo, false) => self.read_range(c, obj, first, n, t),
-                (Db::Mongo, true) => (first..first + n).try_for_each(|p| self.write_page(c, obj, p, t)),
+        for &Touch { space, first, n, write } in &touches {
+            r = match (space, write) {
+                (Space::Heap, _) => (first..first + n).try_for_each(|p| self.anon_access(c, p, write, t)),
+                (Space::File, false) => self.read_range(c, obj, first, n, t),
+                (Space::File, true) => (first..first + n).try_for_each(|p| self.write_page(c, obj, p, t)),
             };
             if r.is_err() {
                 break;
             }
-            if kind == Db::Mongo {
+            if space == Space::File {
                 let sz = &mut self.size[obj as usize];
                 *sz = (*sz).max(first + n);
             }
         }
         self.touches = touches;
-        if r.is_ok() && load_done && kind == Db::Mongo {
-            // mongod syncs its data files after a bulk load (and every `syncdelay`); without it every
-            // loaded page would still be dirty when reclaim first reaches it, and its write-back would
-            // queue behind the faults of the whole VM.
+        if r.is_ok() && load_done && kind != Db::Redis {
+            // mongod syncs its data files after a bulk load (and every `syncdelay`), as InnoDB's
+            // checkpoint does the tablespace pages written so far; without it every loaded page would
+            // still be dirty when reclaim first reaches it, and its write-back would queue behind the
+            // faults of the whole VM.
             self.fsync(c, obj, t);
         }
         r.map(|_| bytes)
@@ -1011,6 +1090,9 @@ impl<B: SecondChance> Sim<B> {
     fn disk_read(&mut self, c: usize, obj: u32, first: u32, len: u32, t: &mut u64) {
         let d = self.disk.io(*t, key(obj, first), len as u64, false);
         self.io_wait += d - *t;
+        if let Some(s) = self.streams[c].as_mut() {
+            s.file_disk(len as u64, d - *t);
+        }
         *t = d;
         self.cts[c].tot.disk_reads += len as u64;
     }
@@ -1022,6 +1104,9 @@ impl<B: SecondChance> Sim<B> {
         self.accesses += 1;
         let (vm, cg) = (self.cts[c].vm, self.cts[c].cg);
         let k = key(obj, idx);
+        if let Some(s) = self.streams[c].as_mut() {
+            s.file_read(k);
+        }
         if self.guests[vm].access(cg, k, false) {
             *t += self.timing.page_cache_hit_ns;
             return Ok(true);
@@ -1108,6 +1193,9 @@ impl<B: SecondChance> Sim<B> {
         let Some(anon) = self.cts[c].anon.as_mut() else { return Ok(()) };
         let obj = anon.object;
         let k = key(obj, idx);
+        if let Some(s) = self.streams[c].as_mut() {
+            s.anon_access(k);
+        }
         if self.guests[vm].access(cg, k, write) {
             if write {
                 anon.ver[idx as usize] = anon.ver[idx as usize].wrapping_add(1);
@@ -1132,6 +1220,9 @@ impl<B: SecondChance> Sim<B> {
             if !hit {
                 let d = self.disk.io(*t, k, 1, false);
                 self.io_wait += d - *t;
+                if let Some(s) = self.streams[c].as_mut() {
+                    s.anon_fault(d - *t);
+                }
                 *t = d;
                 self.cts[c].tot.disk_reads += 1;
             }

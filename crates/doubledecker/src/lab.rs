@@ -129,7 +129,8 @@ fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
 }
 
 fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<dd_lab::ScenarioResult> {
-    let nvar = sc.variant_list().len() as u64;
+    // Progress is per run: a searching variant runs each of its candidates.
+    let nvar = sc.run_list().len() as u64;
     let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(nvar * 1000) };
     pb.set_style(
         ProgressStyle::with_template("{prefix:>28} [{bar:40}] {percent:>3}% {elapsed} {msg}")
@@ -137,7 +138,7 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
             .progress_chars("=> "),
     );
     pb.set_prefix(sc.name.clone());
-    let names: Vec<String> = sc.variant_list().into_iter().map(|v| v.name).collect();
+    let names: Vec<String> = sc.run_list().into_iter().map(|v| v.name).collect();
     let started = Instant::now();
     // Variants may run side by side: the bar is the sum of their fractions, the message the running ones.
     let mut done = vec![0f64; names.len()];
