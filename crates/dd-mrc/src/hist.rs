@@ -54,6 +54,13 @@ impl Histogram {
         self.counts[i] += weight;
     }
 
+    /// Multiplies every count by `factor` (ageing: see `Shards::decay`).
+    pub fn scale(&mut self, factor: f64) {
+        for c in &mut self.counts {
+            *c *= factor;
+        }
+    }
+
     /// The cumulative view the curve is read from.
     pub fn cumulative(&self) -> Cumulative<'_> {
         let mut before = Vec::with_capacity(self.counts.len() + 1);
