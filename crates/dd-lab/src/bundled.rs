@@ -17,6 +17,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("thesis4-fig4.6-4.7-ratio", include_str!("../scenarios/thesis4-fig4.6-4.7-ratio.toml")),
     ("thesis4-fig4.8-gold", include_str!("../scenarios/thesis4-fig4.8-gold.toml")),
     ("thesis4-fig4.9-chunk", include_str!("../scenarios/thesis4-fig4.9-chunk.toml")),
+    ("table4-morai-vs-doubledecker", include_str!("../scenarios/table4-morai-vs-doubledecker.toml")),
+    ("thesis5-fig5.2-5.6-hybrid", include_str!("../scenarios/thesis5-fig5.2-5.6-hybrid.toml")),
+    ("thesis5-fig5.7-table5.2", include_str!("../scenarios/thesis5-fig5.7-table5.2.toml")),
+    ("phases-provisioning", include_str!("../scenarios/phases-provisioning.toml")),
 ];
 
 /// Bundled traces by path (`bundled:NAME`).

@@ -107,6 +107,8 @@ pub struct Store {
     pool: Option<(BufferPool, u32)>,
     /// The record touches of a MySQL request before they go through the pool (kept to reuse).
     scratch: Vec<Touch>,
+    /// The keys in use (`working_set` events): fraction and offset of the records; `None`: all.
+    window: Option<(f64, f64)>,
     /// Nanoseconds between two requests of the client (0: closed loop) and when the next may start.
     pub interval_ns: u64,
     pub next_at: u64,
@@ -131,6 +133,7 @@ impl Store {
             kind: cfg.kind,
             pool,
             scratch: Vec::new(),
+            window: None,
             ycsb: Ycsb::new(cfg.workload, record_count, record_count),
             record_bytes,
             loaded: 0,
@@ -143,6 +146,22 @@ impl Store {
             s.loaded = record_count;
         }
         s
+    }
+
+    /// Draws keys in a window of the records from now on (see `Event::WorkingSet`).
+    pub fn set_window(&mut self, fraction: f64, offset: f64) {
+        self.window = Some((fraction, offset));
+    }
+
+    /// A key of the workload mapped into the window (the window follows the records as they grow).
+    fn windowed(&self, k: u64) -> u64 {
+        match self.window {
+            None => k,
+            Some((f, o)) => {
+                let n = self.ycsb.records();
+                crate::workload::Window::of(n, f, o).item(k, n)
+            }
+        }
     }
 
     /// Pages of the data file before the run: those of the loaded records if preloaded, else none.
@@ -235,7 +254,14 @@ impl Store {
             return self.record_bytes;
         }
         let rb = self.record_bytes;
-        match self.ycsb.next_op(rng) {
+        let op = match self.ycsb.next_op(rng) {
+            Op::Read(k) => Op::Read(self.windowed(k)),
+            Op::Update(k) => Op::Update(self.windowed(k)),
+            Op::ReadModifyWrite(k) => Op::ReadModifyWrite(self.windowed(k)),
+            Op::Scan { start, len } => Op::Scan { start: self.windowed(start), len },
+            insert => insert,
+        };
+        match op {
             Op::Read(k) => {
                 out.push(self.pages_of(k, 1, false));
                 rb

@@ -2,9 +2,12 @@
 //!
 //! Owns: `cache_<variant>.png` (second-chance cache use over time per container, with the memory-store
 //! entitlement dashed, as Figures 3, 4, 9, 10, 12-14), `throughput.png` (per-container throughput bars
-//! per variant relative to the first variant, as Figure 11), `report.html` and the `--all` index page.
+//! per variant relative to the first variant, as Figure 11), `report.html` and the `--all` index page;
+//! [`provision`] those of provisioning (curves with the allocation, targets, limits, searches).
 //! Text is drawn with a bundled DejaVu Sans Mono font (`assets/`, its licence beside it) through
 //! plotters' `ab_glyph` backend, so no system font library is needed.
+
+pub mod provision;
 
 use crate::error::LabError;
 use crate::report::ScenarioResult;
@@ -231,6 +234,10 @@ pub fn write_plots_and_report(res: &ScenarioResult, dir: &Path) -> Result<(), La
     if crate::memctl::wants_memory_plots(&res.scenario) {
         imgs.extend(crate::memctl::memory_plots(res, dir)?);
     }
+    let provisioning = provision::wanted(res);
+    if provisioning {
+        imgs.extend(provision::plots(res, dir)?);
+    }
     let mut h = String::new();
     let _ = write!(
         h,
@@ -286,7 +293,11 @@ pub fn write_plots_and_report(res: &ScenarioResult, dir: &Path) -> Result<(), La
             );
         }
     }
-    h.push_str("</table><h2>Plots</h2>");
+    h.push_str("</table>");
+    if provisioning {
+        h.push_str(&provision::html(res));
+    }
+    h.push_str("<h2>Plots</h2>");
     for i in &imgs {
         let _ = write!(h, "<p><img src=\"{i}\" alt=\"{i}\" width=\"900\"></p>");
     }

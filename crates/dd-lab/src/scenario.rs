@@ -480,6 +480,17 @@ pub enum Event {
         #[serde(default)]
         over_s: f64,
     },
+    /// From now on the container uses only a window of its data: `fraction` of it, starting `offset`
+    /// of the way in (wrapping at the end). Filebench personalities pick files in it, YCSB draws its
+    /// keys in it (the zipfian's skew within the window), `kv` its pages. A working set that grows or
+    /// shifts between phases.
+    WorkingSet {
+        at_s: f64,
+        container: String,
+        fraction: f64,
+        #[serde(default)]
+        offset: f64,
+    },
 }
 
 impl Event {
@@ -491,7 +502,8 @@ impl Event {
             | Event::SetVmWeights { at_s, .. }
             | Event::SetCapacity { at_s, .. }
             | Event::SetMode { at_s, .. }
-            | Event::Balloon { at_s, .. } => *at_s,
+            | Event::Balloon { at_s, .. }
+            | Event::WorkingSet { at_s, .. } => *at_s,
         }
     }
     fn at_mut(&mut self) -> &mut f64 {
@@ -502,7 +514,8 @@ impl Event {
             | Event::SetVmWeights { at_s, .. }
             | Event::SetCapacity { at_s, .. }
             | Event::SetMode { at_s, .. }
-            | Event::Balloon { at_s, .. } => at_s,
+            | Event::Balloon { at_s, .. }
+            | Event::WorkingSet { at_s, .. } => at_s,
         }
     }
 }
@@ -840,6 +853,28 @@ impl Scenario {
                     }
                 }
                 Event::SetMode { .. } => {}
+                Event::WorkingSet { container, fraction, offset, .. } => {
+                    let Some((_, _, c)) = self.containers().find(|(_, _, c)| &c.name == container) else {
+                        return bad(&format!("{p}.container"), "no such container");
+                    };
+                    let windowed = matches!(
+                        c.workload,
+                        Workload::Webserver { .. }
+                            | Workload::Webproxy { .. }
+                            | Workload::Varmail { .. }
+                            | Workload::Kv { .. }
+                            | Workload::Ycsb { .. }
+                    );
+                    if !windowed {
+                        return bad(&format!("{p}.container"), "its workload has no working set to window");
+                    }
+                    if !(*fraction > 0.0 && *fraction <= 1.0) {
+                        return bad(&format!("{p}.fraction"), "must be in (0, 1]");
+                    }
+                    if !(*offset >= 0.0 && *offset < 1.0) {
+                        return bad(&format!("{p}.offset"), "must be in [0, 1)");
+                    }
+                }
             }
         }
         let mut var_names = HashSet::new();

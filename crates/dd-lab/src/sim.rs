@@ -25,7 +25,7 @@ use crate::guest::{key, key_index, key_object, Evicted, Guest};
 use crate::kvstore::{Space, Store, StoreConfig, StoreKind as Db, Touch};
 use crate::scenario::{mib_pages, Container, Event, Scenario, Timing, Variant, Workload};
 use crate::streams::Streams;
-use crate::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Role, Trace};
+use crate::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Role, Trace, Window};
 use dd_engine::{Counters, PoolKind, Spec, StoreKind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -153,6 +153,8 @@ struct Ct {
     started_at: Option<u64>,
     /// Earliest start of the readers' next operation under `bwlimit`.
     bw_next: u64,
+    /// The pages a `kv` workload uses (`working_set` events); `None`: all.
+    kv_window: Option<Window>,
 }
 
 /// The host disk. Reads and writes keep separate sequential positions: write-back is done by flusher
@@ -597,6 +599,7 @@ impl<B: SecondChance> Sim<B> {
             last_tot: CtTotals::default(),
             started_at: None,
             bw_next: 0,
+            kv_window: None,
         })
     }
 
@@ -733,6 +736,19 @@ impl<B: SecondChance> Sim<B> {
                 self.capacity[store.idx()] = mib_pages(mib);
             }
             Event::SetMode { mode, .. } => self.backend.set_mode(mode)?,
+            Event::WorkingSet { container, fraction, offset, .. } => {
+                let Some(c) = self.ct_index(&container) else { return Ok(()) };
+                let ct = &mut self.cts[c];
+                if let Some(fs) = ct.fs.first_mut() {
+                    fs.set_window(fraction, offset);
+                }
+                if let Some(st) = ct.store.as_mut() {
+                    st.set_window(fraction, offset);
+                }
+                if let Kind::Kv { pages, .. } = ct.kind {
+                    ct.kv_window = Some(Window::of(pages as u64, fraction, offset));
+                }
+            }
             Event::Balloon { vm, memory_mib, .. } => {
                 if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
                     let mut buf = std::mem::take(&mut self.evbuf);
@@ -938,8 +954,12 @@ impl<B: SecondChance> Sim<B> {
                 }
             },
             (Kind::Kv { pages, write_fraction }, Role::Loop { .. }) => {
-                let rng = &mut self.cts[c].rng;
-                let idx = rng.gen_range(0..pages);
+                let ct = &mut self.cts[c];
+                let idx = match ct.kv_window {
+                    None => ct.rng.gen_range(0..pages),
+                    Some(w) => w.item(ct.rng.gen_range(0..w.len), pages as u64) as u32,
+                };
+                let rng = &mut ct.rng;
                 let write = rng.gen::<f64>() < write_fraction;
                 self.anon_access(c, idx, write, &mut t)?;
                 t += cpu;

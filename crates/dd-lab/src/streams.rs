@@ -83,9 +83,15 @@ impl Streams {
         self.counters.anon_fault_ns += waited_ns;
     }
 
-    /// The file-read curve at `sizes` pages.
-    pub fn file_curve(&self, sizes: &[u64]) -> Curve {
-        self.file.curve_at(sizes)
+    /// Ages both curves (see `dd_mrc::Shards::decay`).
+    pub fn decay(&mut self, factor: f64) {
+        self.file.decay(factor);
+        self.anon.decay(factor);
+    }
+
+    /// The file-read curve at `sizes` pages, if there were any reads.
+    pub fn file_curve(&self, sizes: &[u64]) -> Option<Curve> {
+        (self.counters.file_reads > 0).then(|| self.file.curve_at(sizes))
     }
 
     /// The anonymous-access curve at `sizes` pages, if there were any accesses.

@@ -40,22 +40,55 @@ pub struct Fileset {
     pub nfiles: u32,
     pub selection: Selection,
     cursor: u32,
+    /// The files in use (`working_set` events): `len` files from `start`, wrapping; `None`: all.
+    window: Option<Window>,
+}
+
+/// A window of `len` items of `n` from `start`, wrapping (see `Event::WorkingSet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start: u64,
+    pub len: u64,
+}
+
+impl Window {
+    /// The window of `fraction` of `n` items from `offset` of the way in (at least one item).
+    pub fn of(n: u64, fraction: f64, offset: f64) -> Window {
+        let n = n.max(1);
+        let start = ((offset * n as f64) as u64).min(n - 1);
+        let len = ((fraction * n as f64).round() as u64).clamp(1, n);
+        Window { start, len }
+    }
+
+    /// Item `i` of the window (`i < len`), as an item of the whole range of `n`.
+    pub fn item(&self, i: u64, n: u64) -> u64 {
+        (self.start + i % self.len) % n.max(1)
+    }
 }
 
 impl Fileset {
     pub fn new(first_object: u32, nfiles: u32, selection: Selection) -> Fileset {
-        Fileset { first_object, nfiles, selection, cursor: 0 }
+        Fileset { first_object, nfiles, selection, cursor: 0, window: None }
     }
+
+    /// Uses only the files of the window from now on.
+    pub fn set_window(&mut self, fraction: f64, offset: f64) {
+        self.window = Some(Window::of(self.nfiles as u64, fraction, offset));
+        self.cursor = 0;
+    }
+
     /// The next file to use, by the fileset's selection rule.
     pub fn pick(&mut self, rng: &mut ChaCha8Rng) -> u32 {
+        let n = self.window.map_or(self.nfiles, |w| w.len as u32);
         let i = match self.selection {
-            Selection::Random => rng.gen_range(0..self.nfiles),
+            Selection::Random => rng.gen_range(0..n),
             Selection::InOrder => {
                 let i = self.cursor;
-                self.cursor = (self.cursor + 1) % self.nfiles;
+                self.cursor = (self.cursor + 1) % n;
                 i
             }
         };
+        let i = self.window.map_or(i, |w| w.item(i as u64, self.nfiles as u64) as u32);
         self.first_object + i
     }
 }

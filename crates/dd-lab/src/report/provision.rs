@@ -174,16 +174,32 @@ pub fn eval_targets(sc: &Scenario, runs: &[RunResult], c: &TargetsCheck) -> Resu
         Some(v) => v.clone(),
         None => runs.first().map(|r| r.variant.clone()).ok_or("no run")?,
     };
-    let mut ok = true;
+    let mut all = true;
+    let mut any = false;
     let mut parts = Vec::new();
     for (n, t) in names_or_all(sc, &c.entities) {
         let (met, text) = standing(runs, &run, &n, &t, c.from_s, c.to_s)?;
-        let this = met == (c.expect == Expect::Met);
-        ok &= this;
-        parts.push(format!("{text}{}", if this { "" } else { " FAIL" }));
+        let this = match c.expect {
+            Expect::Met => met,
+            Expect::Missed => !met,
+            // Each one that misses is what the check looks for.
+            Expect::NotAllMet => !met,
+        };
+        all &= this;
+        any |= this;
+        let mark = match (c.expect, this) {
+            (Expect::NotAllMet, true) => " MISSED",
+            (Expect::NotAllMet, false) | (_, true) => "",
+            (_, false) => " FAIL",
+        };
+        parts.push(format!("{text}{mark}"));
     }
-    let want = if c.expect == Expect::Met { "met" } else { "missed" };
-    Ok((ok, format!("{run}: {} (want every target {want})", parts.join("; "))))
+    let (ok, want) = match c.expect {
+        Expect::Met => (all, "every target met"),
+        Expect::Missed => (all, "every target missed"),
+        Expect::NotAllMet => (any, "at least one target missed"),
+    };
+    Ok((ok, format!("{run}: {} (want {want})", parts.join("; "))))
 }
 
 /// `violation`: the variant's total time below target is at most `max_ratio` of the baseline's.
@@ -195,7 +211,8 @@ pub fn eval_violation(sc: &Scenario, runs: &[RunResult], c: &ViolationCheck) -> 
         names_or_all(sc, &c.entities).iter().map(|(n, t)| violation_s(sc, r, n, t, from, to)).sum()
     };
     let (a, b) = (total(run), total(base));
-    let ok = a <= c.max_ratio * b && (b > 0.0 || a == 0.0);
+    // A baseline that never misses a target leaves nothing to compare with: that fails the check.
+    let ok = b > 0.0 && a <= c.max_ratio * b;
     Ok((
         ok,
         format!(

@@ -31,6 +31,9 @@ fn d_interval() -> f64 {
 fn d_samples() -> u32 {
     8192
 }
+fn d_decay() -> f64 {
+    0.7
+}
 
 /// `[vms.provision]`: the VM-level provisioner of the VM's containers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +60,10 @@ pub struct VmProvision {
     /// Sampled keys each container's curves keep (fixed-size SHARDS). Default 8192.
     #[serde(default = "d_samples")]
     pub max_samples: u32,
+    /// After each decision the curves' counts are multiplied by this, so that they follow working sets
+    /// that change (1: the whole run counts alike). Default 0.7.
+    #[serde(default = "d_decay")]
+    pub history_decay: f64,
     /// The decision's own settings (grid steps, headroom, objective, rounds, hysteresis).
     #[serde(default)]
     pub decision: ProvisionConfig,
@@ -81,6 +88,9 @@ impl VmProvision {
         }
         if !(64..=1 << 20).contains(&self.max_samples) {
             return Err(LabError::invalid(&format!("{p}.max_samples"), "must be in 64..=1048576"));
+        }
+        if !(self.history_decay > 0.0 && self.history_decay <= 1.0) {
+            return Err(LabError::invalid(&format!("{p}.history_decay"), "must be in (0, 1]"));
         }
         self.decision
             .validate()
@@ -122,6 +132,10 @@ pub struct Search {
     /// to more than its memory are left out.
     #[serde(default)]
     pub memory_limit_mib: BTreeMap<String, Vec<f64>>,
+    /// This container's memory limit is what its VM's memory leaves after the limits of
+    /// `memory_limit_mib` (a split of the VM's memory); candidates that leave it nothing are left out.
+    #[serde(default)]
+    pub rest_of_memory: Option<String>,
     #[serde(default)]
     pub pick: Pick,
     /// Window in which candidates are compared (emulated s, scaled); default the whole run.
@@ -152,6 +166,14 @@ impl Search {
                 return Err(LabError::invalid(
                     &format!("{p}.memory_limit_mib.{k}"),
                     "needs at least one value, each positive",
+                ));
+            }
+        }
+        if let Some(r) = &self.rest_of_memory {
+            if !containers.contains(r) || self.memory_limit_mib.contains_key(r) {
+                return Err(LabError::invalid(
+                    &format!("{p}.rest_of_memory"),
+                    "must name a container without memory_limit_mib candidates",
                 ));
             }
         }
@@ -237,6 +259,17 @@ pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) ->
         if per_vm.values().any(|(sum, mem)| *sum > mem * (1.0 + 1e-9)) {
             continue;
         }
+        // The rest of its VM's memory, for the container that takes it.
+        let rest = match s.rest_of_memory.as_ref().and_then(|r| vm_memory(r).map(|(vm, mem)| (r, vm, mem))) {
+            Some((r, vm, mem)) => {
+                let left = mem - per_vm.get(&vm).map_or(0.0, |e| e.0);
+                if left <= 0.0 {
+                    continue;
+                }
+                Some((r, left))
+            }
+            None => None,
+        };
         let mut c = v.clone();
         c.search = None;
         c.search_of = Some(v.name.clone());
@@ -246,9 +279,9 @@ pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) ->
             o.cache = Some(if *w == 0 { Spec::None } else { Spec::Mem { weight: *w } });
             parts.push(format!("{name}={w}"));
         }
-        for (name, mib) in &limits {
-            let o = c.containers.entry((*name).clone()).or_insert_with(ContainerOverride::default);
-            o.memory_limit_mib = Some(*mib);
+        for (name, mib) in limits.iter().copied().chain(rest) {
+            let o = c.containers.entry(name.clone()).or_insert_with(ContainerOverride::default);
+            o.memory_limit_mib = Some(mib);
             parts.push(format!("{name}={mib}M"));
         }
         c.name = format!("{}[{}]", v.name, parts.join(","));
@@ -267,7 +300,8 @@ pub struct TargetsCheck {
     /// Containers; default every container with a target.
     #[serde(default)]
     pub entities: Vec<String>,
-    /// `met` (default): each meets its target over the window; `missed`: each misses it.
+    /// `met` (default): each meets its target over the window; `missed`: each misses it;
+    /// `not_all_met`: at least one misses it.
     #[serde(default)]
     pub expect: Expect,
     #[serde(default)]
@@ -282,6 +316,7 @@ pub enum Expect {
     #[default]
     Met,
     Missed,
+    NotAllMet,
 }
 
 /// Time below target of one variant against another's (`kind = "violation"`).

@@ -112,12 +112,17 @@ pub struct Decision {
 pub struct CurveSnapshot {
     pub container: String,
     pub t_s: f64,
-    pub file: Curve,
+    /// `None` for a stream the container never used.
+    pub file: Option<Curve>,
     pub anon: Option<Curve>,
     pub allocation: Allocation,
     /// The model's split of the memory between file and anonymous pages.
     pub file_pages: f64,
     pub anon_pages: f64,
+}
+
+fn all_misses() -> Curve {
+    Curve::new(dd_provision::Unit::Pages, vec![0], vec![1.0]).expect("one point at size 0 with ratio 1")
 }
 
 fn mib(pages: u64) -> f64 {
@@ -181,6 +186,7 @@ impl<B: SecondChance> Sim<B> {
         let mut inputs = Vec::with_capacity(members.len());
         let mut current = Vec::with_capacity(members.len());
         let mut measured = Vec::with_capacity(members.len());
+        let mut shown = Vec::with_capacity(members.len());
         for &c in &members {
             let (ops, lat_ns) = (self.cts[c].tot.ops, self.cts[c].tot.lat_ns);
             let streams = self.streams[c].as_ref().ok_or_else(|| LabError::invalid("provision", "no streams"))?;
@@ -205,9 +211,12 @@ impl<B: SecondChance> Sim<B> {
             let g = &self.guests[v];
             let file_pages = g.list_len(ct.cg, FILE_INACTIVE) + g.list_len(ct.cg, FILE_ACTIVE);
             let anon_pages = g.list_len(ct.cg, ANON_INACTIVE) + g.list_len(ct.cg, ANON_ACTIVE);
+            let file_curve = streams.file_curve(&sizes);
+            shown.push((file_curve.is_some(), streams.counters.anon_accesses > 0));
             inputs.push(ContainerInput {
                 name: ct.name.clone(),
-                file_curve: streams.file_curve(&sizes),
+                // No reads: every read would miss (there are none to charge).
+                file_curve: file_curve.unwrap_or_else(all_misses),
                 anon_curve: streams.anon_curve(&sizes),
                 demand: Demand {
                     concurrency: ct.roles.len().max(1) as f64,
@@ -233,12 +242,19 @@ impl<B: SecondChance> Sim<B> {
             let span_s = if now.ops > prev.ops { st.cfg.interval_s } else { self.now as f64 / NS };
             measured.push(d.ops as f64 / span_s.max(1e-9));
         }
+        // The curves have been read: what happens next counts more than what came before.
+        for &c in &members {
+            if let Some(s) = self.streams[c].as_mut() {
+                s.decay(st.cfg.history_decay);
+            }
+        }
         let current: Option<Vec<Allocation>> = current.into_iter().collect();
         let plan = provision(&inputs, current.as_deref(), &lat, &budget, &st.cfg.decision)
             .map_err(|e| LabError::invalid("vms.provision", &e.to_string()))?;
         let t_s = self.now as f64 / NS;
         let mut decided = Vec::with_capacity(members.len());
-        for ((&c, p), (input, x)) in members.iter().zip(&plan.containers).zip(inputs.into_iter().zip(measured)) {
+        let each = inputs.into_iter().zip(measured).zip(shown);
+        for ((&c, p), ((input, x), (has_file, _))) in members.iter().zip(&plan.containers).zip(each) {
             if st.cfg.memory {
                 let (cg, pages) = (self.cts[c].cg, p.allocation.memory_pages.max(1));
                 let mut buf = std::mem::take(&mut self.evbuf);
@@ -262,7 +278,7 @@ impl<B: SecondChance> Sim<B> {
             self.curves.push(CurveSnapshot {
                 container: p.name.clone(),
                 t_s,
-                file: input.file_curve,
+                file: has_file.then_some(input.file_curve),
                 anon: input.anon_curve,
                 allocation: p.allocation,
                 file_pages: p.predicted.file_pages,
