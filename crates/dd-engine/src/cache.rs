@@ -536,6 +536,11 @@ impl Cache {
         out: &mut [u8],
     ) -> Result<Vec<bool>, CacheError> {
         self.check_batch(keys.len())?;
+        if keys.is_empty() && out.is_empty() {
+            // An empty batch is valid (like an empty put batch); only the pool must exist.
+            self.shared.pool(vm, pool)?;
+            return Ok(Vec::new());
+        }
         self.check_len(out.len() / keys.len().max(1))?;
         if out.len() != keys.len() * self.shared.page_size {
             return Err(CacheError::BadPageSize {
@@ -1879,7 +1884,7 @@ impl Shared {
         for s in StoreKind::ALL {
             totals.store_mut(s).entitlement = node.entitlement[s.idx()];
         }
-        VmStats { vm, weights: node.weights, pools, totals }
+        VmStats { vm, weights: node.weights, pools, totals, pools_omitted: 0 }
     }
 }
 

@@ -1,0 +1,277 @@
+//! LRU curves from stack distances: [`ExactLru`] (every reference) and [`Shards`] (sampled keys).
+//!
+//! Both keep a [`ReuseStack`] of the tracked keys and a [`Histogram`] of distances in the model's unit,
+//! each distance counted with the weight `1 / R` of the rate `R` in force when it was seen (1 for
+//! exact). For fixed-size sampling this is the SHARDS paper's rescaling of the histogram whenever `R`
+//! falls, done once per reference instead of once per bucket.
+//!
+//! The curve is SHARDS_adj: `miss(c) = (W - hits(c)) / N`, where `W` is the weight of every sampled
+//! reference and `N` the references seen. It is the estimated *number* of misses divided by the real
+//! number of references, which is the paper's "add the difference between the expected and the actual
+//! sample count to the first bucket" (for exact, `W = N`).
+//!
+//! Invariant (fixed size): `stack.len() == heap.len() <= max_samples`, the heap holds exactly the
+//! tracked keys, and every tracked key hashes at most to `sampler.max_hash`.
+
+use crate::hist::Histogram;
+use crate::sampler::{sample_hash, Sampler, DEFAULT_SEED};
+use crate::stack::ReuseStack;
+use crate::{Curve, Mrc, MrcError, MrcStats, Unit};
+use std::collections::BinaryHeap;
+
+/// Exact page histograms get a bucket per distance.
+const EXACT_PAGE_BITS: u32 = 40;
+/// Byte distances, and all sampled ones: buckets at most 1/256 (0.4%) of their distances wide.
+const COARSE_BITS: u32 = 8;
+
+#[derive(Debug)]
+struct StackMrc {
+    unit: Unit,
+    sampler: Sampler,
+    sampling: bool,
+    max_samples: Option<usize>,
+    /// Tracked keys by hash, largest on top (fixed size only).
+    heap: BinaryHeap<(u64, u64)>,
+    stack: ReuseStack,
+    hist: Histogram,
+    requests: u64,
+    sampled_requests: u64,
+    /// `W`: the weight of all sampled references (hits and first references).
+    weight: f64,
+    /// Distinct keys seen by an exact model.
+    unique: u64,
+}
+
+impl StackMrc {
+    fn new(unit: Unit, sampler: Sampler, sampling: bool, max_samples: Option<usize>) -> StackMrc {
+        let bits = if !sampling && unit == Unit::Pages { EXACT_PAGE_BITS } else { COARSE_BITS };
+        StackMrc {
+            unit,
+            sampler,
+            sampling,
+            max_samples,
+            heap: BinaryHeap::new(),
+            stack: ReuseStack::new(unit == Unit::Bytes),
+            hist: Histogram::new(bits),
+            requests: 0,
+            sampled_requests: 0,
+            weight: 0.0,
+            unique: 0,
+        }
+    }
+
+    #[inline]
+    fn access(&mut self, key: u64, size_bytes: u32) {
+        self.requests += 1;
+        let w = match self.unit {
+            Unit::Pages => 1,
+            Unit::Bytes => size_bytes.max(1) as u64,
+        };
+        if !self.sampling {
+            match self.stack.access(key, w) {
+                Some(d) => self.hist.add(d, 1.0),
+                None => self.unique += 1,
+            }
+            self.sampled_requests += 1;
+            self.weight += 1.0;
+            return;
+        }
+        let h = sample_hash(key, self.sampler.seed);
+        if h > self.sampler.max_hash {
+            return;
+        }
+        self.sampled_access(key, h, w);
+    }
+
+    #[cold]
+    fn sampled_access(&mut self, key: u64, h: u64, w: u64) {
+        let distance = self.stack.access(key, w);
+        if distance.is_none() {
+            if let Some(max) = self.max_samples {
+                self.heap.push((h, key));
+                if self.heap.len() > max {
+                    let (top_hash, top_key) = self.heap.pop().expect("the heap is over its bound");
+                    self.stack.remove(top_key);
+                    // Keys hashing at or above the dropped one are no longer sampled.
+                    self.sampler.max_hash = top_hash - 1;
+                    if top_key == key {
+                        return; // this very key fell out: its reference is not sampled
+                    }
+                }
+            }
+        }
+        let inv_rate = 1.0 / self.sampler.rate();
+        self.sampled_requests += 1;
+        self.weight += inv_rate;
+        if let Some(d) = distance {
+            let scaled = (d as f64 * inv_rate) as u64;
+            self.hist.add(scaled, inv_rate);
+        }
+    }
+
+    fn curve_at(&self, sizes: &[u64]) -> Curve {
+        let cum = self.hist.cumulative();
+        let n = self.requests.max(1) as f64;
+        Curve::from_fn(self.unit, sizes, |c| (self.weight - cum.hits(c)) / n)
+    }
+
+    fn curve(&self) -> Curve {
+        self.curve_at(&self.hist.bucket_tops())
+    }
+
+    fn stats(&self) -> MrcStats {
+        let rate = if self.sampling { self.sampler.rate() } else { 1.0 };
+        let (unique, footprint) = if self.sampling {
+            (
+                (self.stack.len() as f64 / rate).round() as u64,
+                (self.stack.live_weight() as f64 / rate).round() as u64,
+            )
+        } else {
+            (self.unique, self.stack.live_weight())
+        };
+        MrcStats {
+            requests: self.requests,
+            sampled_requests: self.sampled_requests,
+            unique,
+            footprint,
+            sampling_rate: rate,
+            tracked_keys: self.stack.len() as u64,
+        }
+    }
+}
+
+/// The exact LRU miss-ratio curve (Mattson's stack algorithm): the reference the others are judged by.
+///
+/// Memory grows with the distinct keys (about 40 bytes each); use [`Shards`] to bound it.
+#[derive(Debug)]
+pub struct ExactLru(StackMrc);
+
+impl ExactLru {
+    pub fn new(unit: Unit) -> ExactLru {
+        ExactLru(StackMrc::new(unit, Sampler::with_rate(1.0, DEFAULT_SEED), false, None))
+    }
+}
+
+/// Both public types are the same model with different constructors.
+macro_rules! stack_mrc {
+    ($t:ty) => {
+        impl Mrc for $t {
+            #[inline]
+            fn access_sized(&mut self, key: u64, size_bytes: u32) {
+                self.0.access(key, size_bytes);
+            }
+            fn curve(&self) -> Curve {
+                self.0.curve()
+            }
+            fn curve_at(&self, sizes: &[u64]) -> Curve {
+                self.0.curve_at(sizes)
+            }
+            fn stats(&self) -> MrcStats {
+                self.0.stats()
+            }
+        }
+    };
+}
+stack_mrc!(ExactLru);
+stack_mrc!(Shards);
+
+/// SHARDS: the LRU curve from the keys whose hash falls under a threshold.
+///
+/// * [`Shards::fixed_rate`]: a fraction `R` of the keys; memory `O(R x distinct keys)`.
+/// * [`Shards::fixed_size`]: at most `max_samples` keys; the rate starts at 1 and falls (the key with
+///   the largest hash is dropped, and the threshold with it) whenever a new key would exceed the bound.
+#[derive(Debug)]
+pub struct Shards(StackMrc);
+
+impl Shards {
+    /// Samples the fraction `rate` (in `(0, 1]`) of the keys.
+    pub fn fixed_rate(rate: f64, unit: Unit) -> Result<Shards, MrcError> {
+        Shards::fixed_rate_seeded(rate, unit, DEFAULT_SEED)
+    }
+
+    /// [`Shards::fixed_rate`] with a sampling seed of your own.
+    pub fn fixed_rate_seeded(rate: f64, unit: Unit, seed: u64) -> Result<Shards, MrcError> {
+        if !(rate > 0.0 && rate <= 1.0) {
+            return Err(MrcError::invalid("sampling_rate", format!("{rate} is not in (0, 1]")));
+        }
+        Ok(Shards(StackMrc::new(unit, Sampler::with_rate(rate, seed), true, None)))
+    }
+
+    /// Tracks at most `max_samples` keys (at least 1; 8,192 gives a mean absolute error around 0.01).
+    pub fn fixed_size(max_samples: usize, unit: Unit) -> Result<Shards, MrcError> {
+        Shards::fixed_size_seeded(max_samples, unit, DEFAULT_SEED)
+    }
+
+    /// [`Shards::fixed_size`] with a sampling seed of your own.
+    pub fn fixed_size_seeded(max_samples: usize, unit: Unit, seed: u64) -> Result<Shards, MrcError> {
+        if max_samples == 0 {
+            return Err(MrcError::invalid("max_samples", "at least one key must be tracked"));
+        }
+        Ok(Shards(StackMrc::new(unit, Sampler::with_rate(1.0, seed), true, Some(max_samples))))
+    }
+
+    /// The current sampling filter, to drop unsampled references before taking a lock (see
+    /// [`Sampler`]); count what it drops with [`Shards::skip`].
+    pub fn sampler(&self) -> Sampler {
+        self.0.sampler
+    }
+
+    /// Counts `n` references that a [`Sampler`] filtered out (they matter for the curve's `N`).
+    pub fn skip(&mut self, n: u64) {
+        self.0.requests += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_counts_a_loop() {
+        let mut m = ExactLru::new(Unit::Pages);
+        for i in 0..1000u64 {
+            m.access(i % 10);
+        }
+        let c = m.curve();
+        assert_eq!(c.miss_ratio_at(9.0), 1.0);
+        assert!((c.miss_ratio_at(10.0) - 0.01).abs() < 1e-12);
+        let s = m.stats();
+        assert_eq!((s.requests, s.unique, s.footprint, s.tracked_keys), (1000, 10, 10, 10));
+    }
+
+    #[test]
+    fn exact_in_bytes_weighs_keys_by_size() {
+        let mut m = ExactLru::new(Unit::Bytes);
+        for _ in 0..100 {
+            m.access_sized(1, 100);
+            m.access_sized(2, 300);
+        }
+        let c = m.curve_at(&[399, 400]);
+        assert_eq!(c.miss_ratio_at(399.0), 1.0);
+        assert!((c.miss_ratio_at(400.0) - 0.01).abs() < 1e-12);
+        assert_eq!(m.stats().footprint, 400);
+    }
+
+    #[test]
+    fn fixed_size_never_tracks_more_than_its_bound() {
+        let mut m = Shards::fixed_size(64, Unit::Pages).unwrap();
+        for i in 0..100_000u64 {
+            m.access(i.wrapping_mul(0x9e37_79b9) % 20_000);
+            assert!(m.stats().tracked_keys <= 64);
+        }
+        let s = m.stats();
+        assert_eq!(s.tracked_keys, 64);
+        assert!(s.sampling_rate < 0.01, "{}", s.sampling_rate);
+        assert!((s.unique as f64 - 20_000.0).abs() < 20_000.0 * 0.4, "{}", s.unique);
+        let h = &m.0.heap;
+        assert!(h.iter().all(|&(hash, _)| hash <= m.0.sampler.max_hash));
+    }
+
+    #[test]
+    fn rates_are_validated() {
+        assert!(Shards::fixed_rate(0.0, Unit::Pages).is_err());
+        assert!(Shards::fixed_rate(1.5, Unit::Pages).is_err());
+        assert!(Shards::fixed_rate(f64::NAN, Unit::Pages).is_err());
+        assert!(Shards::fixed_size(0, Unit::Pages).is_err());
+    }
+}
