@@ -424,8 +424,8 @@ mod tests {
 
     #[test]
     fn jobs_shrink_to_what_fits() {
-        // Budget 10 - 4.8 = 5.2 GiB: the two largest (3 + 1 GiB + bases) fit, all three do not.
-        let p = plan(&candidates(), 3, host(24 * G, 10 * G), false, &fig9).unwrap();
+        // Budget 9 - 4.8 = 4.2 GiB: the two largest (3 + 1 GiB + bases) fit, all three (5.1) do not.
+        let p = plan(&candidates(), 3, host(24 * G, 9 * G), false, &fig9).unwrap();
         assert_eq!(p.jobs, 2);
         let p = plan(&candidates(), 3, host(24 * G, 8 * G), false, &fig9).unwrap();
         assert_eq!(p.jobs, 1);
