@@ -214,12 +214,14 @@ impl Cache {
         let (ssd, ssd_cap) = match &cfg.ssd {
             Some(s) => {
                 let slots = cfg.pages(s.capacity_bytes);
-                if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let dir = if s.scratch { Some(s.path.as_path()) } else { s.path.parent() };
+                if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)
                         .map_err(|e| CacheError::Io(format!("creating {}: {e}", dir.display())))?;
                 }
                 let store = SsdStore::open(SsdOptions {
                     path: s.path.clone(),
+                    scratch: s.scratch,
                     slots: slots as u32,
                     page_size: ps,
                     direct_io: s.direct_io,
