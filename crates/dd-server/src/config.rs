@@ -88,6 +88,11 @@ pub struct CoopConfig {
     pub listen: String,
     /// This daemon's name among its peers; empty: the `listen` address. Default empty.
     pub node_name: String,
+    /// The de-duplication group (`vms[].dedup_group`) whose pages are shared with peers: only they are
+    /// offered when evicted, published in the summary and pinned for peers. Required when enabled.
+    /// Default empty.
+    #[serde(default)]
+    pub dedup_group: String,
     /// Shared secret every peer presents in its HELLO (at least 16 characters when enabled). Default
     /// empty.
     pub peer_secret: String,
@@ -160,6 +165,10 @@ pub struct VmConfig {
     /// The VM's pool quota; default `engine.max_pools_per_vm`.
     #[serde(default)]
     pub max_pools: Option<usize>,
+    /// The de-duplication group the VM's pages share content with (its VMs can learn about each
+    /// other's content: see docs/protocol.md "Security"); empty (the default): a domain of its own.
+    #[serde(default)]
+    pub dedup_group: String,
 }
 
 fn default_weights() -> VmWeights {
@@ -375,6 +384,12 @@ impl ServerConfig {
         if !self.engine.mem.dedup {
             return Err(invalid("coop.enabled", "needs engine.mem.dedup = true"));
         }
+        if c.dedup_group.is_empty() {
+            return Err(invalid(
+                "coop.dedup_group",
+                "name the de-duplication group whose pages are shared with peers (VMs join it with dedup_group)",
+            ));
+        }
         c.listen
             .parse::<SocketAddr>()
             .map_err(|_| invalid("coop.listen", "not an address like 127.0.0.1:7413"))?;
@@ -453,12 +468,13 @@ mod tests {
             ),
             ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
             ("[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"", "coop.enabled"),
+            ("[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"", "coop.dedup_group"),
             (
-                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"short\"",
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\npeer_secret = \"short\"",
                 "coop.peer_secret",
             ),
             (
-                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"\n\
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\npeer_secret = \"0123456789abcdef\"\n\
                  [[coop.peers]]\nname = \"b\"\naddr = \"nowhere\"",
                 "coop.peers[0].addr",
             ),

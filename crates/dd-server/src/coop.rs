@@ -308,6 +308,7 @@ impl Coop {
                 coop.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect();
             coop.set_membership(&list);
         }
+        state.cache.set_coop_group(Some(state.dedup_group_id(&coop.cfg.dedup_group)));
         if !state.cache.set_remote_sink(queue) {
             return Err(crate::ServerError::Config {
                 field: "coop.enabled".into(),
