@@ -620,6 +620,7 @@ mod tests {
                 weights: VmWeights::equal(1),
                 pools: vec![pool(1, good), pool(2, good)],
                 totals,
+                pools_omitted: 0,
             }],
             totals,
             pins_held: 0,

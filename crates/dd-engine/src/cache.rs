@@ -200,12 +200,14 @@ impl Cache {
         let (ssd, ssd_cap) = match &cfg.ssd {
             Some(s) => {
                 let slots = cfg.pages(s.capacity_bytes);
-                if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let dir = if s.scratch { Some(s.path.as_path()) } else { s.path.parent() };
+                if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)
                         .map_err(|e| CacheError::Io(format!("creating {}: {e}", dir.display())))?;
                 }
                 let store = SsdStore::open(SsdOptions {
                     path: s.path.clone(),
+                    scratch: s.scratch,
                     slots: slots as u32,
                     page_size: ps,
                     direct_io: s.direct_io,
@@ -534,6 +536,11 @@ impl Cache {
         out: &mut [u8],
     ) -> Result<Vec<bool>, CacheError> {
         self.check_batch(keys.len())?;
+        if keys.is_empty() && out.is_empty() {
+            // An empty batch is valid (like an empty put batch); only the pool must exist.
+            self.shared.pool(vm, pool)?;
+            return Ok(Vec::new());
+        }
         self.check_len(out.len() / keys.len().max(1))?;
         if out.len() != keys.len() * self.shared.page_size {
             return Err(CacheError::BadPageSize {
@@ -1877,7 +1884,7 @@ impl Shared {
         for s in StoreKind::ALL {
             totals.store_mut(s).entitlement = node.entitlement[s.idx()];
         }
-        VmStats { vm, weights: node.weights, pools, totals }
+        VmStats { vm, weights: node.weights, pools, totals, pools_omitted: 0 }
     }
 }
 

@@ -88,8 +88,11 @@ impl MemStoreConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct SsdStoreConfig {
     /// The backing file (created if missing; its old contents are never served). Default
-    /// `./dd-data/ssd-store.bin`.
+    /// `./dd-data/ssd-store.bin`. With `scratch`, the directory the unnamed file is created in.
     pub path: PathBuf,
+    /// The file has no name (`O_TMPFILE`, or unlinked as soon as it is open): no exit, a crash or SIGKILL
+    /// included, leaves it behind. Default false (a named file the operator can see).
+    pub scratch: bool,
     /// Capacity of the SSD store. Default 1 GiB.
     pub capacity_bytes: u64,
     pub direct_io: DirectIo,
@@ -102,6 +105,7 @@ impl Default for SsdStoreConfig {
     fn default() -> Self {
         SsdStoreConfig {
             path: PathBuf::from("dd-data/ssd-store.bin"),
+            scratch: false,
             capacity_bytes: GIB,
             direct_io: DirectIo::Auto,
             io_backend: IoBackend::Auto,

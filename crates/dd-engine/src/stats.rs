@@ -157,6 +157,10 @@ pub struct VmStats {
     pub weights: crate::types::VmWeights,
     pub pools: Vec<PoolStats>,
     pub totals: Counters,
+    /// Live pools left out of `pools` because the answer would not fit the data plane's frame limit
+    /// (the daemon's VM_STATS); 0 when every pool is listed. `totals` always covers every pool.
+    #[serde(default)]
+    pub pools_omitted: u64,
 }
 
 /// One store's state.

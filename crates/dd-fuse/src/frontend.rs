@@ -147,13 +147,19 @@ impl Clients {
         }
     }
 
-    fn call<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, ClientError>) -> Result<T, ClientError> {
+    fn call<T>(&self, mut f: impl FnMut(&mut Client) -> Result<T, ClientError>) -> Result<T, ClientError> {
         let idle = self.idle.lock().pop();
-        let mut c = match idle {
-            Some(c) => c,
-            None => Clients::connect(&self.cfg)?,
+        let (mut c, pooled) = match idle {
+            Some(c) => (c, true),
+            None => (Clients::connect(&self.cfg)?, false),
         };
-        let r = f(&mut c);
+        let mut r = f(&mut c);
+        // A pooled connection the daemon closed meanwhile (its idle timeout): once more on a fresh one.
+        // Every call is safe to repeat: puts replace, flushes are idempotent, a repeated get may miss.
+        if pooled && matches!(r, Err(ClientError::Io(_))) {
+            c = Clients::connect(&self.cfg)?;
+            r = f(&mut c);
+        }
         // A connection that failed below the protocol may be mid-frame: drop it, reconnect next time.
         if matches!(&r, Ok(_) | Err(ClientError::Server { .. })) && c.outstanding() == 0 {
             self.idle.lock().push(c);

@@ -184,13 +184,19 @@ pub struct Watcher {
     cfg: WatchConfig,
     client: Client,
     owned: BTreeMap<String, Owned>,
+    /// When the connection last carried a request: a round after a quiet minute pings first, so the
+    /// daemon's idle timeout (`limits.idle_timeout_ms`) never closes a watcher that is merely waiting.
+    last_request: std::time::Instant,
 }
+
+/// A quiet connection is pinged after this long (well under the daemon's default idle timeout).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Watcher {
     pub fn new(cfg: WatchConfig) -> Result<Watcher, WatchError> {
         cfg.validate()?;
         let client = cfg.connect()?;
-        Ok(Watcher { cfg, client, owned: BTreeMap::new() })
+        Ok(Watcher { cfg, client, owned: BTreeMap::new(), last_request: std::time::Instant::now() })
     }
 
     pub fn config(&self) -> &WatchConfig {
@@ -211,6 +217,10 @@ impl Watcher {
 
     /// One reconciliation.
     pub fn round(&mut self) -> Result<RoundChanges, WatchError> {
+        if self.last_request.elapsed() >= KEEPALIVE {
+            self.client.ping()?;
+        }
+        self.last_request = std::time::Instant::now();
         let parent = &self.cfg.cgroup_parent;
         let mut present = BTreeMap::new();
         let entries =

@@ -4,7 +4,8 @@
 //! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
-//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`guest`] (page cache,
+//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`budget`] (each
+//! variant's peak-memory estimate, the jobs that fit, the scratch file's place, or a refusal), [`guest`] (page cache,
 //! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F
 //! request generators), [`kvstore`] (Redis-like and MongoDB-like stores), [`memctl`] (the VM memory
 //! controller of thesis 000 chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory
@@ -18,7 +19,9 @@
 //! wall clock or on hash-map iteration order.
 
 pub mod backend;
+pub mod budget;
 pub mod bundled;
+pub mod effective;
 pub mod error;
 pub mod guest;
 pub mod kvstore;
@@ -47,26 +50,32 @@ pub struct RunOptions {
     pub seed: Option<u64>,
     /// Directory that relative trace paths are resolved against (the scenario file's directory).
     pub base_dir: Option<PathBuf>,
-    /// Where the SSD store's scratch file goes; default [`default_scratch_dir`].
+    /// Where the SSD store's (unnamed) scratch file goes; default: the best of
+    /// [`budget::default_scratch_candidates`] for the memory available (see [`prepare`]).
     pub scratch_dir: Option<PathBuf>,
     /// Run against this daemon instead of the in-process engine (same results; see [`remote`]).
     pub daemon: Option<remote::DaemonTarget>,
     /// Threads that run variants side by side (each variant has its own engine, so results do not
-    /// depend on it). `None`: one per core. Runs against a daemon always take one variant at a time.
+    /// depend on it). `None`: one per core. At most as many as fit in memory ([`budget`]). Runs against a
+    /// daemon always take one variant at a time.
     pub jobs: Option<usize>,
+    /// The memory the run may plan with; `None` reads it from the host ([`budget::HostMemory::read`]).
+    pub host_memory: Option<budget::HostMemory>,
 }
 
-/// Runs every variant of a scenario with the in-process engine and evaluates its checks.
-/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes, always on the
-/// calling thread.
-///
-/// Variants are independent emulations (each its own guest, clock, random generators and engine), so
-/// they run on up to `opts.jobs` threads at once; the results are the same bytes in any case.
-pub fn run_scenario(
-    sc: &Scenario,
-    opts: &RunOptions,
-    progress: &mut dyn FnMut(usize, f64),
-) -> Result<ScenarioResult, LabError> {
+/// A scenario ready to run: validated, scaled, its memory planned.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The scaled scenario.
+    pub scenario: Scenario,
+    pub scale: f64,
+    pub plan: budget::Plan,
+}
+
+/// Validates and scales `sc` with the options' overrides and plans its memory: how many variants run
+/// side by side and where the SSD scratch file goes, or [`LabError::NotEnoughMemory`] at once when not
+/// even one variant fits in the memory available above the margin ([`budget`]).
+pub fn prepare(sc: &Scenario, opts: &RunOptions) -> Result<Prepared, LabError> {
     let mut sc = sc.clone();
     if let Some(s) = opts.scale {
         sc.scale = s;
@@ -77,6 +86,63 @@ pub fn run_scenario(
     sc.validate()?;
     let scale = sc.scale;
     let scaled = sc.scaled();
+    let variants = scaled.variant_list();
+    let in_process = opts.daemon.is_none();
+    let want = match opts.daemon {
+        Some(_) => 1,
+        None => opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+    .clamp(1, variants.len().max(1));
+    let (candidates, user_scratch) = match (&opts.scratch_dir, in_process) {
+        (Some(d), true) => (vec![budget::ScratchChoice::at(d.clone())], true),
+        (None, true) => (budget::default_scratch_candidates(), false),
+        // Against a daemon the lab has no SSD store of its own.
+        (d, false) => {
+            let dir = d.clone().unwrap_or_else(std::env::temp_dir);
+            (vec![budget::ScratchChoice { dir, in_memory: false }], d.is_some())
+        }
+    };
+    let host = match opts.host_memory {
+        Some(h) => h,
+        None => budget::HostMemory::read()?,
+    };
+    let estimate = |in_memory: bool| -> Vec<budget::VariantEstimate> {
+        variants
+            .iter()
+            .map(|v| {
+                let s = sim::apply_variant(&scaled, v);
+                let cfg = backend_config(&s, std::path::Path::new(""));
+                budget::estimate_variant(&v.name, &s, &cfg, in_process, in_memory)
+            })
+            .collect()
+    };
+    let plan = budget::plan(&candidates, want, host, user_scratch, &estimate)?;
+    Ok(Prepared { scenario: scaled, scale, plan })
+}
+
+/// Runs every variant of a scenario with the in-process engine (or a daemon) and evaluates its checks:
+/// [`prepare`] (memory plan or refusal), then [`run_prepared`].
+/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes, always on the
+/// calling thread.
+///
+/// Variants are independent emulations (each its own guest, clock, random generators and engine), so
+/// they run on up to `opts.jobs` threads at once; the results are the same bytes in any case.
+pub fn run_scenario(
+    sc: &Scenario,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<ScenarioResult, LabError> {
+    let prepared = prepare(sc, opts)?;
+    run_prepared(&prepared, opts, progress)
+}
+
+/// Runs a [`prepare`]d scenario with its plan's jobs and scratch directory (see [`run_scenario`]).
+pub fn run_prepared(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<ScenarioResult, LabError> {
+    let scaled = &prepared.scenario;
     let base = opts.base_dir.clone();
     let load = move |p: &str| -> Result<String, LabError> {
         if let Some(t) = bundled::trace(p) {
@@ -89,9 +155,10 @@ pub fn run_scenario(
         std::fs::read_to_string(&path).map_err(|e| LabError::io(&path, e))
     };
     let variants = scaled.variant_list();
+    let scratch = prepared.plan.scratch_dir.as_path();
     let run_variant = |v: &scenario::Variant, p: &mut dyn FnMut(f64)| -> Result<sim::RunResult, LabError> {
-        let s = sim::apply_variant(&scaled, v);
-        let cfg = backend_config(&s, opts);
+        let s = sim::apply_variant(scaled, v);
+        let cfg = backend_config(&s, scratch);
         match &opts.daemon {
             None => sim::Sim::new(&s, v, EngineBackend::new(&cfg)?, &load)?.run(p),
             Some(t) => {
@@ -100,11 +167,7 @@ pub fn run_scenario(
             }
         }
     };
-    let jobs = match opts.daemon {
-        Some(_) => 1,
-        None => opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-    }
-    .clamp(1, variants.len().max(1));
+    let jobs = prepared.plan.jobs.clamp(1, variants.len().max(1));
     let runs = if jobs == 1 {
         let mut runs = Vec::new();
         for (vi, v) in variants.iter().enumerate() {
@@ -114,8 +177,8 @@ pub fn run_scenario(
     } else {
         run_parallel(&variants, jobs, &run_variant, progress)?
     };
-    let checks = report::evaluate(&scaled, &runs);
-    Ok(ScenarioResult { scenario: scaled, scale, runs, checks })
+    let checks = report::evaluate(scaled, &runs);
+    Ok(ScenarioResult { scenario: scaled.clone(), scale: prepared.scale, runs, checks })
 }
 
 /// Runs one variant, reporting the fraction of it done.
@@ -173,7 +236,7 @@ fn run_parallel(
 
 /// The cache's host settings for a (scaled, variant-applied) scenario: the memory arena is reserved
 /// for the largest capacity the timeline sets.
-pub fn backend_config(s: &Scenario, opts: &RunOptions) -> BackendConfig {
+pub fn backend_config(s: &Scenario, scratch_dir: &std::path::Path) -> BackendConfig {
     use scenario::{mib_pages, Event};
     let mut mem_max = mib_pages(s.host.mem_capacity_mib);
     let mut ssd = mib_pages(s.host.ssd_capacity_mib);
@@ -191,20 +254,6 @@ pub fn backend_config(s: &Scenario, opts: &RunOptions) -> BackendConfig {
         ssd_pages: ssd,
         mode: s.host.mode,
         batch_pages: mib_pages(s.host.eviction_batch_mib).max(1),
-        scratch_dir: opts.scratch_dir.clone().unwrap_or_else(default_scratch_dir),
-    }
-}
-
-/// Where the SSD store's file goes when the caller names no directory: `/dev/shm` when it is a
-/// writable directory, else the system temporary directory. The lab charges SSD latency on the emulated
-/// clock, so the file only needs to hold the stamped pages; on a real disk its page-cache write-back
-/// made a large DDSSD variant I/O-bound in wall time (minutes) without changing any output.
-pub fn default_scratch_dir() -> PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    let writable = std::fs::metadata(shm).is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
-    if writable {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
+        scratch_dir: scratch_dir.to_path_buf(),
     }
 }

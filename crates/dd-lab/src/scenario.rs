@@ -433,11 +433,14 @@ pub enum Event {
         container: String,
         cache: Spec,
     },
+    /// New store weights of a VM; a weight left out keeps its current value.
     SetVmWeights {
         at_s: f64,
         vm: String,
-        mem: u32,
-        ssd: u32,
+        #[serde(default)]
+        mem: Option<u32>,
+        #[serde(default)]
+        ssd: Option<u32>,
     },
     SetCapacity {
         at_s: f64,
@@ -549,6 +552,15 @@ pub enum Metric {
     CacheUsed,
     /// Mean pages in the memory store.
     MemUsed,
+    /// Mean pages in the SSD store.
+    SsdUsed,
+    /// Mean static entitlement in the memory store (the weight share, as the engine reports it).
+    MemEntitlement,
+    /// Mean effective entitlement in the memory store (`crate::effective`: under-used shares
+    /// redistributed by weight).
+    MemEffectiveEntitlement,
+    SsdEntitlement,
+    SsdEffectiveEntitlement,
     /// Pages evicted from the pool(s) in the window.
     Evictions,
     /// Gets that hit, per 100 puts (Table 2's lookup-to-store ratio), in the window.
@@ -588,9 +600,13 @@ pub enum CheckKind {
     /// mean entitlement, or below it without evictions in the window (it does not demand more). With
     /// `exact = false` (default) using more than the entitlement passes too (resource conservation lets a
     /// demanding entity take what others leave unused); `exact = true` also bounds it from above.
+    /// `effective = true` compares with the effective entitlement (`crate::effective`) instead of the
+    /// static weight share, so `exact` holds a resource-conserving result to what it may really use.
     Entitlement {
         #[serde(default)]
         exact: bool,
+        #[serde(default)]
+        effective: bool,
         #[serde(default)]
         variant: Option<String>,
         entities: Vec<String>,
@@ -769,9 +785,12 @@ impl Scenario {
                         return bad(&format!("{p}.container"), "no such container");
                     }
                 }
-                Event::SetVmWeights { vm, .. } => {
+                Event::SetVmWeights { vm, mem, ssd, .. } => {
                     if !vm_names.contains(vm) {
                         return bad(&format!("{p}.vm"), "no such VM");
+                    }
+                    if mem.is_none() && ssd.is_none() {
+                        return bad(&format!("{p}.mem"), "give `mem`, `ssd` or both");
                     }
                 }
                 Event::Balloon { vm, memory_mib, over_s, .. } => {
@@ -965,7 +984,17 @@ impl Scenario {
                 CheckKind::Value { lhs, min, max } => {
                     sm(lhs);
                     // Sizes and page counts shrink with the scenario; rates and ratios do not.
-                    if matches!(lhs.metric, Metric::CacheUsed | Metric::MemUsed | Metric::Evictions) {
+                    if matches!(
+                        lhs.metric,
+                        Metric::CacheUsed
+                            | Metric::MemUsed
+                            | Metric::SsdUsed
+                            | Metric::MemEntitlement
+                            | Metric::MemEffectiveEntitlement
+                            | Metric::SsdEntitlement
+                            | Metric::SsdEffectiveEntitlement
+                            | Metric::Evictions
+                    ) {
                         *min *= k;
                         *max = max.map(|x| x * k);
                     }

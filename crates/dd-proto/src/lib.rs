@@ -35,6 +35,9 @@ pub const ABSOLUTE_MAX_PAYLOAD_BYTES: u32 = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_BATCH: u32 = 256;
 /// Longest token a HELLO may carry.
 pub const MAX_TOKEN_BYTES: usize = 256;
+/// Largest HELLO payload (`min_version u16, max_version u16, vm u32, token_len u16`, the longest token):
+/// before authentication a receiver refuses any frame that announces more, from its header alone.
+pub const MAX_HELLO_PAYLOAD_BYTES: u32 = 2 + 2 + 4 + 2 + MAX_TOKEN_BYTES as u32;
 /// Longest error message a server puts in an error response.
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
 

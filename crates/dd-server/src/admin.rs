@@ -9,9 +9,15 @@
 //!
 //! Every error is JSON `{"code": "<stable name>", "message": "..."}`; codes are the engine's
 //! `CacheError::code_name()` plus `unauthorized`, `not_found`, `method_not_allowed`, `malformed_json`,
-//! `bad_request`, `internal`. Engine calls that may evict or free many pages run on the blocking pool.
+//! `payload_too_large`, `bad_request`, `internal`. Engine calls that may evict or free many pages run
+//! on the blocking pool.
+//!
+//! A VM-scope request runs inside the registration its token belongs to (`auth::Registration::enter`):
+//! once the VM is removed or its tokens replaced, the old admin token acts on nothing, not even on a VM
+//! registered again under the same id.
 
-use crate::config::{VmConfig, MIN_TOKEN_LEN};
+use crate::auth::{token_problem, Registration};
+use crate::config::VmConfig;
 use crate::state::ServerState;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -68,6 +74,10 @@ impl From<CacheError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            let msg = format!("the body exceeds the limit of {MAX_BODY_BYTES} bytes");
+            return err(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg);
+        }
         err(StatusCode::BAD_REQUEST, "malformed_json", r.body_text())
     }
 }
@@ -80,9 +90,15 @@ impl From<PathRejection> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// The token of `Authorization: Bearer <token>`: the scheme (any case), exactly one space, and a token
+/// of printable ASCII without spaces; anything else is no token.
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     let v = headers.get(header::AUTHORIZATION)?.as_bytes();
-    v.strip_prefix(b"Bearer ").map(|t| t.trim_ascii())
+    let (scheme, token) = v.split_at_checked(7)?;
+    let ok = scheme.eq_ignore_ascii_case(b"bearer ")
+        && !token.is_empty()
+        && token.iter().all(|b| (0x21..=0x7e).contains(b));
+    ok.then_some(token)
 }
 
 fn unauthorized() -> ApiError {
@@ -96,8 +112,25 @@ fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
     }
 }
 
-fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<VmId> {
-    bearer(headers).and_then(|t| state.registry.vm_of_admin_token(t)).ok_or_else(unauthorized)
+fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<Arc<Registration>> {
+    bearer(headers).and_then(|t| state.registry.authenticate_admin(t)).ok_or_else(unauthorized)
+}
+
+/// Runs a VM-scope engine call on the blocking pool, inside the registration of the request's admin
+/// token (a registration revoked meanwhile answers 401, as an unknown token does).
+async fn vm_scoped<T: Send + 'static>(
+    state: &Arc<ServerState>,
+    headers: &HeaderMap,
+    f: impl FnOnce(&ServerState, VmId) -> Result<T, CacheError> + Send + 'static,
+) -> ApiResult<T> {
+    let reg = vm_auth(state, headers)?;
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+        f(&st, reg.vm).map_err(ApiError::from)
+    })
+    .await
+    .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
 }
 
 /// Runs an engine call on the blocking pool.
@@ -123,6 +156,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vms", get(list_vms).post(add_vm))
         .route("/v1/vms/{vm}", get(get_vm).delete(remove_vm))
         .route("/v1/vms/{vm}/weights", put(set_weights))
+        .route("/v1/vms/{vm}/tokens", axum::routing::post(replace_tokens))
         .route("/v1/vm/pools", get(list_pools).post(create_pool))
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
@@ -310,25 +344,7 @@ async fn add_vm(
 ) -> ApiResult<(StatusCode, Json<VmCredentials>)> {
     host_auth(&s, &headers)?;
     let Json(n) = body?;
-    let bad = |field: &str, reason: &str| {
-        ApiError::from(CacheError::InvalidConfig { field: field.into(), reason: reason.into() })
-    };
-    let data_token = n.data_token.unwrap_or_else(crate::auth::generate_token);
-    let admin_token = n.admin_token.unwrap_or_else(crate::auth::generate_token);
-    for (field, t) in [("data_token", &data_token), ("admin_token", &admin_token)] {
-        if t.len() < MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
-            return Err(bad(field, "must be 16 to 256 bytes"));
-        }
-        if t.trim() != t.as_str() || t.contains(char::is_control) {
-            return Err(bad(field, "must not contain whitespace at the ends or control characters"));
-        }
-        if s.registry.token_in_use(t) {
-            return Err(bad(field, "already in use"));
-        }
-    }
-    if data_token == admin_token {
-        return Err(bad("admin_token", "must differ from data_token"));
-    }
+    let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, None)?;
     let cfg =
         VmConfig { id: n.id, weights: n.weights.unwrap_or(VmWeights::equal(100)), data_token, admin_token };
     let cfg2 = cfg.clone();
@@ -342,6 +358,64 @@ async fn add_vm(
             admin_token: cfg.admin_token,
         }),
     ))
+}
+
+/// The tokens of a registration: the given ones checked (printable ASCII, 16 to 256 characters, unique
+/// except among `vm`'s own, which they replace), the missing ones generated.
+fn new_tokens(
+    s: &ServerState,
+    data: Option<String>,
+    admin: Option<String>,
+    vm: Option<VmId>,
+) -> ApiResult<(String, String)> {
+    let bad = |field: &str, reason: &str| {
+        ApiError::from(CacheError::InvalidConfig { field: field.into(), reason: reason.into() })
+    };
+    let data_token = data.unwrap_or_else(crate::auth::generate_token);
+    let admin_token = admin.unwrap_or_else(crate::auth::generate_token);
+    for (field, t) in [("data_token", &data_token), ("admin_token", &admin_token)] {
+        if let Some(p) = token_problem(t) {
+            return Err(bad(field, p));
+        }
+        if s.registry.token_in_use(t, vm) {
+            return Err(bad(field, "already in use"));
+        }
+    }
+    if data_token == admin_token {
+        return Err(bad("admin_token", "must differ from data_token"));
+    }
+    Ok((data_token, admin_token))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTokens {
+    data_token: Option<String>,
+    admin_token: Option<String>,
+}
+
+/// Replaces a VM's tokens (pools stay): every session and admin credential of the old ones is cut off
+/// before the answer, which is the only place the new tokens appear.
+async fn replace_tokens(
+    State(s): St,
+    headers: HeaderMap,
+    vm: Result<Path<u32>, PathRejection>,
+    body: Result<Json<NewTokens>, JsonRejection>,
+) -> ApiResult<Json<VmCredentials>> {
+    host_auth(&s, &headers)?;
+    let Path(vm) = vm?;
+    let Json(n) = body?;
+    if !s.registry.contains(VmId(vm)) {
+        return Err(CacheError::UnknownVm(VmId(vm)).into());
+    }
+    let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, Some(VmId(vm)))?;
+    let (d, a) = (data_token.clone(), admin_token.clone());
+    let info = blocking(&s, move |s| {
+        s.replace_tokens(VmId(vm), &d, &a)?;
+        vm_info(s, VmId(vm))
+    })
+    .await?;
+    Ok(Json(VmCredentials { id: vm, weights: info.weights, data_token, admin_token }))
 }
 
 async fn get_vm(
@@ -396,8 +470,7 @@ struct NewPool {
 }
 
 async fn list_pools(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<dd_engine::PoolStats>>> {
-    let vm = vm_auth(&s, &headers)?;
-    Ok(Json(blocking(&s, move |s| Ok(s.cache.vm_stats(vm)?.pools)).await?))
+    Ok(Json(vm_scoped(&s, &headers, move |s, vm| Ok(s.cache.vm_stats(vm)?.pools)).await?))
 }
 
 async fn create_pool(
@@ -405,7 +478,7 @@ async fn create_pool(
     headers: HeaderMap,
     body: Result<Json<NewPool>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<dd_engine::PoolStats>)> {
-    let vm = vm_auth(&s, &headers)?;
+    vm_auth(&s, &headers)?;
     let Json(n) = body?;
     let mut opts = match n.kind.unwrap_or(PoolKind::Ephemeral) {
         PoolKind::Ephemeral => PoolOptions::ephemeral(n.spec),
@@ -415,7 +488,7 @@ async fn create_pool(
     if let Some(x) = n.exclusive_gets {
         opts.exclusive_gets = x;
     }
-    let stats = blocking(&s, move |s| {
+    let stats = vm_scoped(&s, &headers, move |s, vm| {
         let id = s.cache.new_pool(vm, opts)?;
         s.cache.pool_stats(vm, id)
     })
@@ -428,9 +501,9 @@ async fn get_pool(
     headers: HeaderMap,
     pool: Result<Path<u32>, PathRejection>,
 ) -> ApiResult<Json<dd_engine::PoolStats>> {
-    let vm = vm_auth(&s, &headers)?;
+    vm_auth(&s, &headers)?;
     let Path(pool) = pool?;
-    Ok(Json(s.cache.pool_stats(vm, PoolId(pool))?))
+    Ok(Json(vm_scoped(&s, &headers, move |s, vm| s.cache.pool_stats(vm, PoolId(pool))).await?))
 }
 
 async fn destroy_pool(
@@ -438,9 +511,9 @@ async fn destroy_pool(
     headers: HeaderMap,
     pool: Result<Path<u32>, PathRejection>,
 ) -> ApiResult<StatusCode> {
-    let vm = vm_auth(&s, &headers)?;
+    vm_auth(&s, &headers)?;
     let Path(pool) = pool?;
-    blocking(&s, move |s| s.cache.destroy_pool(vm, PoolId(pool))).await?;
+    vm_scoped(&s, &headers, move |s, vm| s.cache.destroy_pool(vm, PoolId(pool))).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -450,10 +523,10 @@ async fn set_spec(
     pool: Result<Path<u32>, PathRejection>,
     body: Result<Json<Spec>, JsonRejection>,
 ) -> ApiResult<Json<dd_engine::PoolStats>> {
-    let vm = vm_auth(&s, &headers)?;
+    vm_auth(&s, &headers)?;
     let Path(pool) = pool?;
     let Json(spec) = body?;
-    let stats = blocking(&s, move |s| {
+    let stats = vm_scoped(&s, &headers, move |s, vm| {
         s.cache.set_spec(vm, PoolId(pool), spec)?;
         s.cache.pool_stats(vm, PoolId(pool))
     })
@@ -462,6 +535,5 @@ async fn set_spec(
 }
 
 async fn vm_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::VmStats>> {
-    let vm = vm_auth(&s, &headers)?;
-    Ok(Json(blocking(&s, move |s| s.cache.vm_stats(vm)).await?))
+    Ok(Json(vm_scoped(&s, &headers, move |s, vm| s.cache.vm_stats(vm)).await?))
 }

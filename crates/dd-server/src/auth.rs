@@ -1,34 +1,109 @@
-//! Credentials: the host administrator's token and, per VM, a data-plane token and a VM-scope admin
-//! token (always distinct from each other and from every other token).
+//! Credentials: the host administrator's token and, per VM, a **registration**: a data-plane token, a
+//! VM-scope admin token (always distinct from each other and from every other token) and a generation.
 //!
-//! Invariants: every comparison of a presented token with a stored one is constant-time in the
-//! token's content (`subtle`), and a lookup compares against every candidate rather than stopping at the
-//! first match, so timing reveals neither which VM a token belongs to nor how much of it matched. An
-//! unknown VM and a wrong token fail the same way. The registry's lock is a leaf: it is never held
-//! across an engine call.
+//! A session (a data-plane connection after HELLO, or one admin request in VM scope) holds the
+//! [`Registration`] it authenticated against, never just a VM id. Removing the VM or replacing its
+//! tokens **revokes** that registration: every later operation of a session that holds it fails, and
+//! connections waiting on [`Registration::revoked`] are closed at once. A VM registered again under
+//! the same id gets a new registration (a new generation), so nothing of the old one reaches it.
+//!
+//! Invariants:
+//! * every operation of a session runs inside [`Registration::enter`]; [`Registration::revoke`] waits
+//!   for the operations in progress and makes every later `enter` fail, so after `revoke` returns no
+//!   operation of the old registration runs (none can act on a VM registered again later);
+//! * every comparison of a presented token with a stored one is constant-time in the token's content
+//!   (`subtle`), and a lookup compares against every candidate rather than stopping at the first match,
+//!   so timing reveals neither which VM a token belongs to nor how much of it matched; an unknown VM
+//!   and a wrong token fail the same way. All token checks go through [`Stored::matches`] (the one
+//!   place that would compare against stored hashes instead).
+//!
+//! Locks: the registry's map lock is a leaf and never held across an engine call or a revocation; a
+//! registration's gate (`enter`/`revoke`) is taken before any engine lock.
 
 use dd_engine::VmId;
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 use rand::RngCore;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 
-#[derive(Debug, Clone)]
-struct VmCreds {
-    data_token: Vec<u8>,
-    admin_token: Vec<u8>,
+/// A stored token.
+#[derive(Clone)]
+struct Stored(Vec<u8>);
+
+impl Stored {
+    fn new(t: &str) -> Stored {
+        Stored(t.as_bytes().to_vec())
+    }
+    /// Constant-time equality with a presented token (the length is not secret: tokens have public
+    /// lengths).
+    fn matches(&self, presented: &[u8]) -> bool {
+        self.0.len() == presented.len() && bool::from(self.0.ct_eq(presented))
+    }
+}
+
+/// One registration of a VM: its tokens, a generation unique within this daemon, and the gate every
+/// operation of its sessions passes.
+pub struct Registration {
+    pub vm: VmId,
+    /// Distinguishes this registration from every earlier and later one of the same VM id.
+    pub generation: u64,
+    data_token: Stored,
+    admin_token: Stored,
+    /// `true` while the registration is live; read-held for the length of an operation.
+    live: RwLock<bool>,
+    revoked_tx: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration").field("vm", &self.vm).field("generation", &self.generation).finish()
+    }
+}
+
+/// Proof that an operation runs while its registration is live (see [`Registration::enter`]).
+pub type Entered<'a> = RwLockReadGuard<'a, bool>;
+
+impl Registration {
+    /// Enters an operation: `None` once the registration is revoked. Keep the guard for the operation's
+    /// length; revocation waits for it.
+    pub fn enter(&self) -> Option<Entered<'_>> {
+        let g = self.live.read();
+        (*g).then_some(g)
+    }
+
+    /// Whether the registration is still live (for a quick check outside an operation).
+    pub fn is_live(&self) -> bool {
+        *self.live.read()
+    }
+
+    /// A receiver that changes (to `true`) when the registration is revoked.
+    pub fn revoked(&self) -> watch::Receiver<bool> {
+        self.revoked_tx.subscribe()
+    }
+
+    /// Revokes the registration: waits for its operations in progress, then fails every later one and
+    /// wakes every waiting connection. Idempotent.
+    pub fn revoke(&self) {
+        *self.live.write() = false;
+        let _ = self.revoked_tx.send(true);
+    }
 }
 
 /// The token registry.
 #[derive(Debug)]
 pub struct Registry {
-    host_token: Vec<u8>,
-    vms: RwLock<BTreeMap<VmId, VmCreds>>,
+    host_token: Stored,
+    vms: RwLock<BTreeMap<VmId, Arc<Registration>>>,
+    next_generation: AtomicU64,
 }
 
-/// Constant-time equality of two byte strings (the length is not secret: tokens have public lengths).
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && bool::from(a.ct_eq(b))
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stored(..)")
+    }
 }
 
 /// A fresh random token: 32 bytes from the OS generator, hex-encoded.
@@ -38,60 +113,106 @@ pub fn generate_token() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Why a token is not acceptable (the admin API names the field).
+pub fn token_problem(t: &str) -> Option<&'static str> {
+    if t.len() < crate::config::MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
+        return Some("must be 16 to 256 characters");
+    }
+    // Printable ASCII only: a character is a byte (the data plane's limit is in bytes) and no
+    // whitespace can be lost or added by an HTTP header.
+    if !t.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Some("must be printable ASCII without spaces (0x21-0x7e)");
+    }
+    None
+}
+
 impl Registry {
     pub fn new(host_token: &str) -> Registry {
-        Registry { host_token: host_token.as_bytes().to_vec(), vms: RwLock::new(BTreeMap::new()) }
+        Registry {
+            host_token: Stored::new(host_token),
+            vms: RwLock::new(BTreeMap::new()),
+            next_generation: AtomicU64::new(1),
+        }
     }
 
     pub fn is_host(&self, token: &[u8]) -> bool {
-        ct_eq(&self.host_token, token)
+        self.host_token.matches(token)
     }
 
-    /// Whether `token` is `vm`'s data-plane token. An unknown VM is compared against a dummy token so it
-    /// costs the same.
-    pub fn check_data(&self, vm: VmId, token: &[u8]) -> bool {
+    /// The live registration of `vm` if `token` is its data-plane token. An unknown VM is compared
+    /// against a dummy token so it costs the same.
+    pub fn authenticate_data(&self, vm: VmId, token: &[u8]) -> Option<Arc<Registration>> {
         let vms = self.vms.read();
         match vms.get(&vm) {
-            Some(c) => ct_eq(&c.data_token, token),
+            Some(r) => r.data_token.matches(token).then(|| r.clone()),
             None => {
-                let dummy = vec![0u8; token.len()];
-                let _ = ct_eq(&dummy, token);
-                false
+                let _ = Stored(vec![0u8; token.len()]).matches(token);
+                None
             }
         }
     }
 
-    /// The VM whose VM-scope admin token this is.
-    pub fn vm_of_admin_token(&self, token: &[u8]) -> Option<VmId> {
+    /// The registration whose VM-scope admin token this is.
+    pub fn authenticate_admin(&self, token: &[u8]) -> Option<Arc<Registration>> {
         let vms = self.vms.read();
         let mut found = None;
-        for (id, c) in vms.iter() {
-            if ct_eq(&c.admin_token, token) {
-                found = Some(*id);
+        for r in vms.values() {
+            if r.admin_token.matches(token) {
+                found = Some(r.clone());
             }
         }
         found
     }
 
-    /// Whether a token is already in use anywhere (tokens must be unique).
-    pub fn token_in_use(&self, token: &str) -> bool {
+    /// Whether a token is already in use anywhere (tokens must be unique). `except` skips one VM's
+    /// registration (its tokens are being replaced).
+    pub fn token_in_use(&self, token: &str, except: Option<VmId>) -> bool {
         let t = token.as_bytes();
-        self.is_host(t)
-            || self.vms.read().values().any(|c| ct_eq(&c.data_token, t) | ct_eq(&c.admin_token, t))
+        let mut used = self.is_host(t);
+        for (id, r) in self.vms.read().iter() {
+            if Some(*id) != except {
+                used |= r.data_token.matches(t) | r.admin_token.matches(t);
+            }
+        }
+        used
     }
 
-    pub fn insert(&self, vm: VmId, data_token: &str, admin_token: &str) {
-        self.vms.write().insert(
+    /// Registers `vm` (a new generation). Replaces (and revokes) an earlier registration of the same id.
+    pub fn insert(&self, vm: VmId, data_token: &str, admin_token: &str) -> Arc<Registration> {
+        let reg = Arc::new(Registration {
             vm,
-            VmCreds {
-                data_token: data_token.as_bytes().to_vec(),
-                admin_token: admin_token.as_bytes().to_vec(),
-            },
-        );
+            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+            data_token: Stored::new(data_token),
+            admin_token: Stored::new(admin_token),
+            live: RwLock::new(true),
+            revoked_tx: watch::channel(false).0,
+        });
+        let old = self.vms.write().insert(vm, reg.clone());
+        if let Some(old) = old {
+            old.revoke();
+        }
+        reg
     }
 
+    /// Replaces a registered VM's tokens: a new registration; the old one is revoked (its sessions are
+    /// cut off) before this returns. `None` for an unknown VM.
+    pub fn replace_tokens(&self, vm: VmId, data_token: &str, admin_token: &str) -> Option<Arc<Registration>> {
+        if !self.contains(vm) {
+            return None;
+        }
+        Some(self.insert(vm, data_token, admin_token))
+    }
+
+    /// Unregisters `vm` and revokes its registration (waiting for its operations in progress).
     pub fn remove(&self, vm: VmId) -> bool {
-        self.vms.write().remove(&vm).is_some()
+        let old = self.vms.write().remove(&vm);
+        match old {
+            Some(r) => {
+                r.revoke();
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn contains(&self, vm: VmId) -> bool {
@@ -108,18 +229,45 @@ mod tests {
         let r = Registry::new("host-token-0123456789");
         r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
         r.insert(VmId(2), "data-two-0123456789", "admin-two-0123456789");
-        assert!(r.check_data(VmId(1), b"data-one-0123456789"));
-        assert!(!r.check_data(VmId(2), b"data-one-0123456789"));
-        assert!(!r.check_data(VmId(3), b"data-one-0123456789"));
-        assert!(!r.check_data(VmId(1), b"admin-one-0123456789"), "the admin token is not a data token");
-        assert_eq!(r.vm_of_admin_token(b"admin-two-0123456789"), Some(VmId(2)));
-        assert_eq!(r.vm_of_admin_token(b"data-two-0123456789"), None);
-        assert_eq!(r.vm_of_admin_token(b"host-token-0123456789"), None);
+        assert!(r.authenticate_data(VmId(1), b"data-one-0123456789").is_some());
+        assert!(r.authenticate_data(VmId(2), b"data-one-0123456789").is_none());
+        assert!(r.authenticate_data(VmId(3), b"data-one-0123456789").is_none());
+        assert!(r.authenticate_data(VmId(1), b"admin-one-0123456789").is_none(), "admin is not data");
+        assert_eq!(r.authenticate_admin(b"admin-two-0123456789").map(|x| x.vm), Some(VmId(2)));
+        assert!(r.authenticate_admin(b"data-two-0123456789").is_none());
+        assert!(r.authenticate_admin(b"host-token-0123456789").is_none());
         assert!(r.is_host(b"host-token-0123456789"));
         assert!(!r.is_host(b"host-token-012345678"));
-        assert!(r.token_in_use("data-two-0123456789"));
+        assert!(r.token_in_use("data-two-0123456789", None));
+        assert!(!r.token_in_use("data-two-0123456789", Some(VmId(2))));
         assert!(r.remove(VmId(2)));
-        assert!(!r.check_data(VmId(2), b"data-two-0123456789"));
+        assert!(r.authenticate_data(VmId(2), b"data-two-0123456789").is_none());
+    }
+
+    #[test]
+    fn removal_and_replacement_revoke_the_old_registration() {
+        let r = Registry::new("host-token-0123456789");
+        let a = r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
+        assert!(a.enter().is_some());
+        let mut rx = a.revoked();
+        let b = r.replace_tokens(VmId(1), "data-new-0123456789", "admin-new-0123456789").unwrap();
+        assert!(a.enter().is_none() && !a.is_live());
+        assert!(rx.has_changed().unwrap() && *rx.borrow_and_update());
+        assert!(b.generation > a.generation && b.enter().is_some());
+        assert!(r.authenticate_data(VmId(1), b"data-one-0123456789").is_none());
+        assert!(r.remove(VmId(1)));
+        assert!(b.enter().is_none());
+        let c = r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
+        assert!(c.generation > b.generation && a.enter().is_none());
+    }
+
+    #[test]
+    fn token_rules() {
+        assert_eq!(token_problem("0123456789abcdef"), None);
+        assert!(token_problem("short").is_some());
+        assert!(token_problem(&"x".repeat(257)).is_some());
+        assert!(token_problem("0123456789 abcdef").is_some());
+        assert!(token_problem("0123456789abcdefé").is_some(), "multibyte characters");
     }
 
     #[test]
@@ -127,5 +275,6 @@ mod tests {
         let a = generate_token();
         assert_eq!(a.len(), 64);
         assert_ne!(a, generate_token());
+        assert_eq!(token_problem(&a), None);
     }
 }

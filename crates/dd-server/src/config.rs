@@ -52,8 +52,15 @@ pub struct ListenConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Default 1024.
+    /// Data-plane connections, in their handshake or authenticated. Default 1024.
     pub max_connections: usize,
+    /// Authenticated data-plane connections of one VM. Default 64.
+    pub max_connections_per_vm: usize,
+    /// Time from accept to a completed HELLO; a connection that takes longer is closed. Default 5000.
+    pub handshake_timeout_ms: u64,
+    /// An authenticated connection that sends nothing (or reads nothing of its answers) this long is
+    /// closed; 0 disables. Default 600000 (10 minutes).
+    pub idle_timeout_ms: u64,
     /// Default 2 MiB.
     pub max_payload_bytes: u32,
     /// Default 256 KiB.
@@ -272,6 +279,12 @@ impl ServerConfig {
         if l.max_connections == 0 {
             return Err(invalid("limits.max_connections", "must be at least 1"));
         }
+        if l.max_connections_per_vm == 0 {
+            return Err(invalid("limits.max_connections_per_vm", "must be at least 1"));
+        }
+        if l.handshake_timeout_ms == 0 {
+            return Err(invalid("limits.handshake_timeout_ms", "must be at least 1"));
+        }
         if l.max_payload_bytes > dd_proto::ABSOLUTE_MAX_PAYLOAD_BYTES {
             return Err(invalid("limits.max_payload_bytes", "above the protocol's 64 MiB ceiling"));
         }
@@ -426,6 +439,8 @@ mod tests {
             ("[listen]\ntcp = \"nope\"", "listen.tcp"),
             ("[listen]\nadmin = \"\"", "listen.admin"),
             ("[limits]\nmax_connections = 0", "limits.max_connections"),
+            ("[limits]\nmax_connections_per_vm = 0", "limits.max_connections_per_vm"),
+            ("[limits]\nhandshake_timeout_ms = 0", "limits.handshake_timeout_ms"),
             ("[limits]\nmax_payload_bytes = 1000", "limits.max_payload_bytes"),
             ("[engine]\npage_size_bytes = 1000", "engine.page_size_bytes"),
             ("[auth]\nhost_admin_token = \"short\"", "auth.host_admin_token"),

@@ -13,16 +13,19 @@
 //! page fetches it from its peer ([`crate::coop::Coop::fetch`], bounded by the request timeout; the
 //! connection loop runs handlers inside `block_in_place` then). No engine lock is held meanwhile.
 
+use crate::auth::Registration;
 use crate::state::ServerState;
 use dd_engine::{CacheError, Key, PoolId, VmId};
 use dd_proto::frame::{begin_response, finish_response, write_error, Header, Op};
 use dd_proto::msg::encode_outcome;
 use dd_proto::{Request, Response, Status, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+use std::sync::Arc;
 
-/// Per-connection state.
+/// Per-connection state: the registration the connection authenticated against (never just a VM id:
+/// a revoked registration stops every operation, see `auth`) and the negotiated version.
 #[derive(Debug, Default)]
 pub struct Session {
-    vm: Option<VmId>,
+    reg: Option<Arc<Registration>>,
     version: u8,
 }
 
@@ -32,7 +35,11 @@ impl Session {
     }
     /// The VM this connection authenticated as.
     pub fn vm(&self) -> Option<VmId> {
-        self.vm
+        self.reg.as_ref().map(|r| r.vm)
+    }
+    /// The registration this connection authenticated against.
+    pub fn registration(&self) -> Option<&Arc<Registration>> {
+        self.reg.as_ref()
     }
 }
 
@@ -43,7 +50,8 @@ pub enum Flow {
     Close,
 }
 
-/// Handles one well-framed request (header already split off by `dd_proto::frame::split_frame`).
+/// Handles one well-framed request (header already split off by `dd_proto::frame::split_frame`). The
+/// caller runs it inside the session's [`Registration::enter`] (see `net::process`).
 pub fn handle_frame(
     state: &ServerState,
     sess: &mut Session,
@@ -69,11 +77,9 @@ fn handle_inner(
     payload: &[u8],
     out: &mut Vec<u8>,
 ) -> (Status, Flow) {
-    let Some(vm) = sess.vm else {
-        return (
-            hello(state, sess, h, payload, out),
-            if sess.vm.is_some() { Flow::Continue } else { Flow::Close },
-        );
+    let Some(vm) = sess.vm() else {
+        let status = begin_session(state, sess, h, payload, out, |_| true);
+        return (status, if sess.reg.is_some() { Flow::Continue } else { Flow::Close });
     };
     if state.is_shutting_down() {
         return (
@@ -81,11 +87,9 @@ fn handle_inner(
             Flow::Close,
         );
     }
-    if h.flags != 0 {
-        return (
-            reply_error(sess, h, out, Status::MALFORMED, "reserved flag bits set in a request"),
-            Flow::Continue,
-        );
+    if h.flags != 0 || h.status != 0 {
+        let msg = "a request must have flags 0 (reserved bits) and status 0";
+        return (reply_error(sess, h, out, Status::MALFORMED, msg), Flow::Continue);
     }
     if h.version != sess.version {
         let msg = format!("frame version {} but the session negotiated {}", h.version, sess.version);
@@ -103,9 +107,23 @@ fn handle_inner(
     (status, Flow::Continue)
 }
 
-fn hello(state: &ServerState, sess: &mut Session, h: &Header, payload: &[u8], out: &mut Vec<u8>) -> Status {
+/// The first frame of a connection: checks that it is a well-formed HELLO, negotiates the version and
+/// authenticates; `admit` then decides whether the VM may open another session (`false`: `busy`).
+/// Writes exactly one response; the session is authenticated iff the returned status is ok.
+pub fn begin_session(
+    state: &ServerState,
+    sess: &mut Session,
+    h: &Header,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+    admit: impl FnOnce(VmId) -> bool,
+) -> Status {
     if h.op != Op::Hello as u8 {
         return reply_error(sess, h, out, Status::NOT_AUTHENTICATED, "the first frame must be HELLO");
+    }
+    if h.flags != 0 || h.status != 0 {
+        let msg = "HELLO must have flags 0 (reserved bits) and status 0";
+        return reply_error(sess, h, out, Status::MALFORMED, msg);
     }
     let (min_v, max_v, vm, token) = match Request::decode(h.op, payload, state.max_batch) {
         Ok(Request::Hello { min_version, max_version, vm, token }) => (min_version, max_version, vm, token),
@@ -122,10 +140,13 @@ fn hello(state: &ServerState, sess: &mut Session, h: &Header, payload: &[u8], ou
     if state.is_shutting_down() {
         return reply_error(sess, h, out, Status::SHUTTING_DOWN, "the server is shutting down");
     }
-    if !state.registry.check_data(VmId(vm), token) {
+    let Some(reg) = state.registry.authenticate_data(VmId(vm), token) else {
         return reply_error(sess, h, out, Status::AUTH_FAILED, "unknown vm or wrong token");
+    };
+    if !admit(reg.vm) {
+        return reply_error(sess, h, out, Status::BUSY, "too many connections");
     }
-    sess.vm = Some(VmId(vm));
+    sess.reg = Some(reg);
     sess.version = hi as u8;
     Response::Hello {
         version: hi,
@@ -210,8 +231,14 @@ fn dispatch(
         }
         Request::PutBatch { pool, keys, pages } => {
             let n = keys.len();
-            if n > 0 && pages.len() != n * ps {
-                return Err(CacheError::BadPageSize { expected: ps, got: pages.len() / n }.into());
+            if pages.len() != n * ps {
+                let bad = CacheError::BadPageSize { expected: ps, got: 0 };
+                let msg = format!(
+                    "PUT_BATCH of {n} keys carries {} bytes of pages, expected {n} x {ps} = {}",
+                    pages.len(),
+                    n * ps
+                );
+                return Err(Failure::Proto(Status::from_engine(&bad), msg));
             }
             let items: Vec<(Key, &[u8])> = keys.iter().zip(pages.chunks_exact(ps.max(1))).collect();
             let outcomes = cache.put_batch(vm, pool, &items)?;
@@ -227,7 +254,7 @@ fn dispatch(
         }
         Request::VmStats => {
             let s = cache.vm_stats(vm)?;
-            simple(Response::Json(serde_json::to_vec(&s).map_err(internal)?), out)
+            simple(Response::Json(vm_stats_within(s, state.max_payload as usize)?), out)
         }
         Request::ListPools => simple(Response::Pools(cache.pools(vm)?), out),
     }
@@ -251,6 +278,34 @@ fn remote_get(
         coop.release(r);
     }
     Ok(hit)
+}
+
+/// The VM's statistics as JSON of at most `limit` bytes: the totals always, and as many pools (in id
+/// order) as fit; `pools_omitted` counts the others (POOL_STATS reaches each of them).
+fn vm_stats_within(mut s: dd_engine::VmStats, limit: usize) -> Result<Vec<u8>, Failure> {
+    let all = serde_json::to_vec(&s).map_err(internal)?;
+    if all.len() <= limit {
+        return Ok(all);
+    }
+    let pools = std::mem::take(&mut s.pools);
+    s.pools_omitted = pools.len() as u64;
+    // Room for the pools: the document without them, and a comma between two pools.
+    let mut room = limit.saturating_sub(serde_json::to_vec(&s).map_err(internal)?.len());
+    let mut keep = 0;
+    for p in &pools {
+        let n = serde_json::to_vec(p).map_err(internal)?.len() + 1;
+        if n > room {
+            break;
+        }
+        room -= n;
+        keep += 1;
+    }
+    s.pools_omitted = (pools.len() - keep) as u64;
+    s.pools = pools;
+    s.pools.truncate(keep);
+    let v = serde_json::to_vec(&s).map_err(internal)?;
+    debug_assert!(v.len() <= limit, "{} > {limit}", v.len());
+    Ok(v)
 }
 
 fn internal(e: impl std::fmt::Display) -> Failure {

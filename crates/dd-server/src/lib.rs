@@ -16,6 +16,7 @@
 //! (drain the SSD write queue), remove the socket file, drop the cache.
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod coop;
@@ -116,6 +117,31 @@ fn write_ready_file(path: &Path, bound: &Bound) -> Result<(), ServerError> {
         .map_err(|e| ServerError::Io(format!("writing ready file {}: {e}", path.display())))
 }
 
+/// Raises the soft limit on open files to the hard one: every connection is a descriptor, and a daemon
+/// that runs out of them can accept nobody (not even the admin API). Warns when even the hard limit is
+/// below what the configured connection limits can use.
+fn raise_nofile(need: u64) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we pass; it lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit reads the struct we pass; it lives for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        }
+    }
+    if lim.rlim_cur < need {
+        tracing::warn!(
+            "the open-file limit ({}) is below what the connection limits can use ({need}): lower \
+             limits.max_connections or coop.max_connections, or raise RLIMIT_NOFILE",
+            lim.rlim_cur
+        );
+    }
+}
+
 /// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -182,6 +208,7 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| ServerError::Io(format!("creating data_dir {}: {e}", cfg.data_dir.display())))?;
     let (token, token_file) = host_token(&cfg)?;
+    raise_nofile((cfg.limits.max_connections + admission::MAX_REFUSING + 256) as u64);
     let state = Arc::new(ServerState::new(&cfg, &token)?);
 
     let tcp = if cfg.listen.tcp.is_empty() {

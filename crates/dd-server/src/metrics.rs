@@ -43,6 +43,11 @@ pub struct Metrics {
     pub connections_active: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
+    /// Connections in their handshake closed to make room for a newer one (`admission`).
+    pub connections_displaced: AtomicU64,
+    /// Connections closed by the handshake deadline, the idle timeout or a revoked registration.
+    pub connections_timed_out: AtomicU64,
+    pub connections_revoked: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -60,6 +65,9 @@ impl Metrics {
             connections_active: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             connections_rejected: AtomicU64::new(0),
+            connections_displaced: AtomicU64::new(0),
+            connections_timed_out: AtomicU64::new(0),
+            connections_revoked: AtomicU64::new(0),
         }
     }
 
@@ -112,8 +120,23 @@ impl Metrics {
         );
         reg.register(
             "dd_connections_rejected",
-            "Connections refused at the connection limit",
+            "Connections refused at the connection limit or their VM's limit",
             counter(self.connections_rejected.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "dd_connections_displaced",
+            "Connections in their handshake closed to make room for a newer connection",
+            counter(self.connections_displaced.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "dd_connections_timed_out",
+            "Connections closed by the handshake deadline or the idle timeout",
+            counter(self.connections_timed_out.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "dd_connections_revoked",
+            "Sessions closed because their VM was removed or its tokens replaced",
+            counter(self.connections_revoked.load(Ordering::Relaxed)),
         );
 
         let store_capacity = Family::<Labels, Gauge>::default();

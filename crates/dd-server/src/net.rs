@@ -4,10 +4,23 @@
 //! in order (appending every response to one output buffer) and writes the responses out together:
 //! pipelining costs one read and one write per burst, not per request.
 //!
-//! Bounded memory per connection: the input buffer never holds more than one incomplete frame, whose
-//! payload is at most `max_payload` (a header announcing more is refused before its payload is read);
-//! the output buffer is written out as soon as it passes `write_buffer_bytes`, so it holds at most that
-//! plus one response. A client that does not read its responses blocks on TCP back-pressure alone.
+//! **Handshake** (until HELLO succeeds): the connection holds a handshake slot (`admission`: displaced
+//! oldest first when every slot is taken), reads into a fixed 512-byte buffer, refuses from its header
+//! alone any frame larger than a HELLO can be (`frame_too_large`), and is closed when
+//! `limits.handshake_timeout_ms` passes first. So an unauthenticated connection costs its task and
+//! that buffer: a few KiB. The session's buffers are allocated only after HELLO.
+//!
+//! **Session**: bounded memory per connection: the input buffer never holds more than one incomplete
+//! frame, whose payload is at most `max_payload` (a header announcing more is refused before its
+//! payload is read); the output buffer is written out as soon as it passes `write_buffer_bytes`, so it
+//! holds at most that plus one response, and every response fits `max_payload` (the handler caps the
+//! variable ones). A client that does not read its responses blocks on TCP back-pressure alone, and is
+//! closed after `limits.idle_timeout_ms` without progress, like one that sends nothing. Every burst of
+//! frames runs inside the session's registration (`auth::Registration::enter`); a revoked registration
+//! (VM removed, tokens replaced) closes the connection at once, idle or not.
+//!
+//! **Refused** connections (every slot held by a session) are answered `busy` in place of the HELLO
+//! response: the HELLO is read first (at most 1 s), so the client sees the answer rather than a reset.
 //!
 //! Blocking: engine calls are synchronous. Memory-store operations take microseconds and run on the
 //! connection task. When an SSD store is configured an operation may wait for a read (or a full
@@ -19,38 +32,25 @@
 //! Shutdown: on the shutdown signal a connection stops reading, finishes the frames it already holds,
 //! writes their responses and closes.
 
-use crate::handler::{handle_frame, Flow, Session};
+use crate::admission::{HandshakeSlot, MAX_REFUSING};
+use crate::handler::{begin_session, handle_frame, Flow, Session};
 use crate::state::ServerState;
 use dd_proto::frame::{split_frame, write_error, Op};
-use dd_proto::{Status, HEADER_LEN, PROTOCOL_VERSION};
+use dd_proto::{Status, HEADER_LEN, MAX_HELLO_PAYLOAD_BYTES, PROTOCOL_VERSION};
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Bytes read per read call when no frame size is known yet.
 const READ_CHUNK: usize = 64 * 1024;
-
-/// Releases a connection slot when the connection ends.
-struct Slot(Arc<ServerState>);
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.metrics.connections_active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Takes a connection slot, or refuses at the limit.
-fn try_slot(state: &Arc<ServerState>) -> Option<Slot> {
-    let m = &state.metrics;
-    let prev = m.connections_active.fetch_add(1, Ordering::Relaxed);
-    if prev as usize >= state.max_connections {
-        m.connections_active.fetch_sub(1, Ordering::Relaxed);
-        m.connections_rejected.fetch_add(1, Ordering::Relaxed);
-        return None;
-    }
-    m.connections_total.fetch_add(1, Ordering::Relaxed);
-    Some(Slot(state.clone()))
-}
+/// The handshake's buffer: a whole HELLO frame (at most 286 bytes) and the start of what follows it.
+const HANDSHAKE_BUF: usize = 512;
+/// How long a refused connection is given to send its HELLO before it is answered `busy` anyway.
+const REFUSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Takes a connection slot for an accepted stream (synchronously, in the accept loop, so the limit is
 /// exact in accept order) and spawns its task. `done` is dropped when the connection ends.
@@ -59,35 +59,142 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     D: Send + 'static,
 {
-    let slot = try_slot(state);
+    let slot = state.admission.accept();
     let state = state.clone();
     tokio::spawn(async move {
-        serve_connection(state, stream, shutdown, slot).await;
+        match slot {
+            Some(slot) => serve_connection(state, stream, shutdown, slot).await,
+            None => refuse(&state, stream).await,
+        }
         drop(done);
     });
 }
 
-/// Serves one accepted stream until it closes, errs or the server shuts down. Without a slot it only
-/// tells the peer `busy`.
+/// Sleeps `d`, or forever for `None`.
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The request id and op of the frame at the start of `buf`, as far as they arrived.
+fn frame_ids(buf: &[u8]) -> (u64, u8) {
+    let id = buf.get(8..16).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    (id, buf.get(3).copied().unwrap_or(Op::Hello as u8))
+}
+
+/// Writes `buf` unless `stop` completes first; false if the write failed or was stopped.
+async fn write_or<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8], stop: impl Future<Output = ()>) -> bool {
+    tokio::select! {
+        r = wr.write_all(buf) => r.is_ok(),
+        _ = stop => false,
+    }
+}
+
+/// Answers `busy` in place of the HELLO response (read first, for its request id) and closes.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(state: &ServerState, stream: S) {
+    let adm = &state.admission;
+    if adm.refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
+        adm.refusing.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let wait = state.handshake_timeout.min(REFUSE_WAIT);
+    let deadline = Instant::now() + wait;
+    let mut hs = [0u8; HANDSHAKE_BUF];
+    let mut have = 0;
+    while matches!(split_frame(&hs[..have], MAX_HELLO_PAYLOAD_BYTES), Ok(None)) && have < HANDSHAKE_BUF {
+        tokio::select! {
+            r = rd.read(&mut hs[have..]) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => have += n,
+            },
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    let (id, op) = frame_ids(&hs[..have]);
+    let mut out = Vec::new();
+    write_error(&mut out, PROTOCOL_VERSION, op, id, Status::BUSY, "too many connections");
+    state.metrics.record_request(op, Status::BUSY);
+    if write_or(&mut wr, &out, tokio::time::sleep(wait)).await {
+        let _ = wr.shutdown().await;
+    }
+    adm.refusing.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Serves one accepted stream until it closes, errs, times out, is displaced or revoked, or the server
+/// shuts down.
 async fn serve_connection<S>(
     state: Arc<ServerState>,
     stream: S,
     mut shutdown: watch::Receiver<bool>,
-    slot: Option<Slot>,
+    mut slot: HandshakeSlot,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
-    let Some(_slot) = slot else {
-        let mut out = Vec::new();
-        write_error(&mut out, PROTOCOL_VERSION, Op::Hello as u8, 0, Status::BUSY, "too many connections");
-        let _ = wr.write_all(&out).await;
-        let _ = wr.shutdown().await;
-        return;
-    };
-    let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut sess = Session::new();
+    let mut out: Vec<u8> = Vec::new();
+
+    // Handshake: a fixed small buffer, a deadline, and a frame limit of one HELLO.
+    let deadline = Instant::now() + state.handshake_timeout;
+    let mut hs = [0u8; HANDSHAKE_BUF];
+    let mut have = 0;
+    let (_session_slot, leftover) = loop {
+        match split_frame(&hs[..have], MAX_HELLO_PAYLOAD_BYTES) {
+            Ok(Some((h, n))) => {
+                let mut session_slot = None;
+                let status = begin_session(&state, &mut sess, &h, &hs[HEADER_LEN..n], &mut out, |vm| {
+                    session_slot = slot.authenticate(vm).ok();
+                    session_slot.is_some()
+                });
+                state.metrics.record_request(h.op, status);
+                let sent = write_or(&mut wr, &out, tokio::time::sleep_until(deadline)).await;
+                out.clear();
+                match session_slot {
+                    Some(s) if sent && status.is_ok() => break (s, hs[n..have].to_vec()),
+                    _ => {
+                        let _ = wr.shutdown().await;
+                        return;
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let (id, op) = frame_ids(&hs[..have]);
+                write_error(&mut out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
+                state.metrics.record_request(op, e.status());
+                if write_or(&mut wr, &out, tokio::time::sleep_until(deadline)).await {
+                    let _ = wr.shutdown().await;
+                }
+                return;
+            }
+        }
+        tokio::select! {
+            r = rd.read(&mut hs[have..]) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => have += n,
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                state.metrics.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            _ = &mut slot.displaced => return,
+            _ = shutdown.changed() => return,
+        }
+    };
+
+    // Session.
+    let reg = sess.registration().expect("authenticated").clone();
+    let mut revoked = reg.revoked();
+    if !reg.is_live() {
+        return;
+    }
+    let idle = state.idle_timeout;
+    let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    inbuf.extend_from_slice(&leftover);
+    out.reserve(READ_CHUNK);
     let mut closing = false;
     loop {
         // Handle every complete frame in the buffer, writing whenever the output passes its bound.
@@ -99,8 +206,18 @@ async fn serve_connection<S>(
                 process(&state, &mut sess, &inbuf[consumed..], &mut out)
             };
             consumed += used;
-            if !out.is_empty() && wr.write_all(&out).await.is_err() {
-                return;
+            if !out.is_empty() {
+                let stop = async {
+                    tokio::select! {
+                        _ = revoked.changed() => {}
+                        _ = sleep_or_never(idle) => {
+                            state.metrics.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                };
+                if !write_or(&mut wr, &out, stop).await {
+                    return;
+                }
             }
             out.clear();
             if out.capacity() > state.write_buffer_bytes * 2 {
@@ -139,16 +256,46 @@ async fn serve_connection<S>(
                 Ok(_) => {}
             },
             _ = shutdown.changed() => closing = true,
+            _ = revoked.changed() => {
+                state.metrics.connections_revoked.fetch_add(1, Ordering::Relaxed);
+                let _ = wr.shutdown().await;
+                return;
+            }
+            _ = sleep_or_never(idle) => {
+                state.metrics.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+                let _ = wr.shutdown().await;
+                return;
+            }
         }
     }
 }
 
 /// Handles the complete frames at the start of `buf` until the output passes its bound, a frame asks
-/// to close, or no complete frame is left. Returns the bytes consumed and the flow.
+/// to close, or no complete frame is left. Returns the bytes consumed and the flow. An authenticated
+/// session's frames run inside its registration; a revoked one gets `auth_failed` and is closed. An
+/// unauthenticated session handles one frame (its HELLO) at most, with the HELLO frame limit.
 fn process(state: &ServerState, sess: &mut Session, buf: &[u8], out: &mut Vec<u8>) -> (usize, Flow) {
+    let reg = sess.registration().cloned();
+    let _live = match &reg {
+        Some(r) => match r.enter() {
+            Some(g) => Some(g),
+            None => {
+                if buf.len() >= HEADER_LEN {
+                    let (id, op) = frame_ids(buf);
+                    let msg = "this session's VM registration was removed or its tokens were replaced";
+                    write_error(out, PROTOCOL_VERSION, op, id, Status::AUTH_FAILED, msg);
+                    state.metrics.record_request(op, Status::AUTH_FAILED);
+                }
+                state.metrics.connections_revoked.fetch_add(1, Ordering::Relaxed);
+                return (buf.len(), Flow::Close);
+            }
+        },
+        None => None,
+    };
+    let limit = if reg.is_some() { state.max_payload } else { MAX_HELLO_PAYLOAD_BYTES };
     let mut at = 0;
     while out.len() < state.write_buffer_bytes {
-        match split_frame(&buf[at..], state.max_payload) {
+        match split_frame(&buf[at..], limit) {
             Ok(None) => break,
             Ok(Some((h, n))) => {
                 let flow = handle_frame(state, sess, &h, &buf[at + HEADER_LEN..at + n], out);
@@ -156,15 +303,13 @@ fn process(state: &ServerState, sess: &mut Session, buf: &[u8], out: &mut Vec<u8
                 if flow == Flow::Close {
                     return (at, Flow::Close);
                 }
+                if reg.is_none() {
+                    break;
+                }
             }
             Err(e) => {
                 // The frame boundary is lost (bad magic) or the payload will not be read (too large).
-                let id = if buf.len() - at >= 16 {
-                    u64::from_le_bytes(buf[at + 8..at + 16].try_into().expect("8 bytes"))
-                } else {
-                    0
-                };
-                let op = buf.get(at + 3).copied().unwrap_or(0);
+                let (id, op) = frame_ids(&buf[at..]);
                 write_error(out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
                 return (buf.len(), Flow::Close);

@@ -1,23 +1,33 @@
 //! The state every part of the daemon shares: the engine, the token registry, the metrics, the limits
 //! and the shutdown flag.
 //!
-//! Lock order: the registry's lock is a leaf and is never held across an engine call; the engine has its
-//! own internal order (see `dd_engine::cache`). VM registration therefore changes the two in a fixed
-//! sequence: add to the engine, then to the registry (a connection cannot authenticate as a VM the
-//! engine does not know); removal is the reverse (new connections are refused before the pools go).
+//! Lock order: a registration's gate (`auth::Registration::enter`) -> the engine's locks (its own order,
+//! see `dd_engine::cache`); the registry's map lock and the admission lock are leaves, never held
+//! across an engine call. VM registration changes the engine and the registry in a fixed sequence: add
+//! to the engine, then to the registry (a connection cannot authenticate as a VM the engine does not
+//! know); removal is the reverse: the registration is revoked first (no session of it acts any more,
+//! see `auth`), then the pools go.
 
-use crate::auth::Registry;
+use crate::admission::Admission;
+use crate::auth::{Registration, Registry};
 use crate::config::{ServerConfig, VmConfig};
 use crate::metrics::Metrics;
 use crate::ServerError;
 use dd_engine::{Cache, CacheError, VmId, VmWeights};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct ServerState {
     pub cache: Cache,
     pub registry: Registry,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
+    /// Data-plane connection slots (global, per VM, handshakes displaced oldest first).
+    pub admission: Arc<Admission>,
+    pub handshake_timeout: Duration,
+    /// `None`: idle sessions are never closed.
+    pub idle_timeout: Option<Duration>,
     /// Batch limit of the protocol (the engine's `max_batch_pages`).
     pub max_batch: u32,
     pub max_payload: u32,
@@ -40,10 +50,15 @@ impl ServerState {
         let engine_cfg = cfg.engine_config();
         let has_ssd = engine_cfg.ssd.is_some();
         let cache = Cache::new(engine_cfg).map_err(ServerError::Engine)?;
+        let metrics = Arc::new(Metrics::new());
+        let l = &cfg.limits;
         let state = ServerState {
             cache,
             registry: Registry::new(host_token),
-            metrics: Metrics::new(),
+            admission: Admission::new(l.max_connections, l.max_connections_per_vm, metrics.clone()),
+            metrics,
+            handshake_timeout: Duration::from_millis(l.handshake_timeout_ms),
+            idle_timeout: (l.idle_timeout_ms > 0).then(|| Duration::from_millis(l.idle_timeout_ms)),
             max_batch: cfg.engine.max_batch_pages as u32,
             max_payload: cfg.limits.max_payload_bytes,
             max_connections: cfg.limits.max_connections,
@@ -60,18 +75,24 @@ impl ServerState {
     }
 
     /// Registers a VM with its tokens (engine first, then the registry).
-    pub fn add_vm(&self, vm: &VmConfig) -> Result<(), CacheError> {
+    pub fn add_vm(&self, vm: &VmConfig) -> Result<Arc<Registration>, CacheError> {
         self.cache.add_vm(VmId(vm.id), vm.weights)?;
-        self.registry.insert(VmId(vm.id), &vm.data_token, &vm.admin_token);
-        Ok(())
+        Ok(self.registry.insert(VmId(vm.id), &vm.data_token, &vm.admin_token))
     }
 
-    /// Removes a VM: its tokens first, then its pools.
+    /// Removes a VM: its registration first (every session of it is cut off, see `auth`), then its
+    /// pools.
     pub fn remove_vm(&self, vm: VmId) -> Result<(), CacheError> {
         if !self.registry.remove(vm) {
             return Err(CacheError::UnknownVm(vm));
         }
         self.cache.remove_vm(vm)
+    }
+
+    /// Replaces a VM's tokens (its pools stay): every session and admin credential of the old tokens
+    /// is cut off before this returns.
+    pub fn replace_tokens(&self, vm: VmId, data_token: &str, admin_token: &str) -> Result<(), CacheError> {
+        self.registry.replace_tokens(vm, data_token, admin_token).map(|_| ()).ok_or(CacheError::UnknownVm(vm))
     }
 
     pub fn set_vm_weights(&self, vm: VmId, w: VmWeights) -> Result<(), CacheError> {

@@ -138,6 +138,17 @@ fn admin_api_matches_its_openapi_document() {
         70
     );
     assert_eq!(c.call("PUT", "/v1/vms/9/weights", h, Some(json!({"mem": 1, "ssd": 1}))).0, 404);
+    // Token replacement: the old admin token is dead at once, the new one (returned only here) works.
+    let (s, cred) =
+        c.call("POST", "/v1/vms/2/tokens", h, Some(json!({"data_token": "data-token-vm2-rotated"})));
+    assert_eq!((s, cred["data_token"].as_str()), (200, Some("data-token-vm2-rotated")));
+    assert_eq!(c.call("GET", "/v1/vm/stats", Some(&t2), None).0, 401, "the replaced admin token is dead");
+    let t2 = cred["admin_token"].as_str().unwrap().to_string();
+    assert_eq!(c.call("POST", "/v1/vms/9/tokens", h, Some(json!({}))).0, 404);
+    assert_eq!(
+        c.call("POST", "/v1/vms/2/tokens", h, Some(json!({"admin_token": "has a space 0123"}))).0,
+        400
+    );
 
     let (s, p) = c.call("POST", "/v1/vm/pools", t1, Some(json!({"spec": {"type": "mem", "weight": 100}})));
     assert_eq!(s, 201);

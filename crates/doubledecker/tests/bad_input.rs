@@ -214,12 +214,19 @@ fn bad_frames_get_error_codes_and_hurt_no_one_else() {
     assert_eq!((s, j["code"].as_str()), (400, Some("invalid_config")), "{j}");
     by.check();
 
-    // Connection limit (6): the bystander holds one; four more fit, the sixth extra is told `busy`.
-    let idle: Vec<TcpStream> = (0..5).map(|_| raw(&d)).collect();
+    // Connection limit (6): the bystander holds one session, five more fill it; a new connection is
+    // answered `busy` in place of its HELLO response (connections still in their handshake would be
+    // displaced instead: hostile_tenants.rs).
+    let held: Vec<Client> = (0..5).map(|_| d.tcp_client(&good)).collect();
     let mut s = raw(&d);
-    expect_status(&mut s, Status::BUSY);
+    let mut f = Vec::new();
+    Request::Hello { min_version: 1, max_version: 1, vm: bad.id, token: bad.data_token.as_bytes() }
+        .encode(1, 77, &mut f);
+    s.write_all(&f).unwrap();
+    let h = expect_status(&mut s, Status::BUSY);
+    assert_eq!(h.request_id, 77, "busy answers the HELLO");
     assert!(closed(&mut s));
-    drop(idle);
+    drop(held);
     by.check();
 
     // The bystander's connection saw every request succeed; the daemon counted the errors.

@@ -2,6 +2,8 @@
 //! ephemeral ports, reads its ready file, and stops it with SIGTERM.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -88,6 +90,11 @@ impl Daemon {
 
     pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
         dd_client::Client::connect_tcp(self.tcp, v.id, &v.data_token).expect("tcp connect")
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     pub fn unix_client(&self, v: &TestVm) -> dd_client::Client {

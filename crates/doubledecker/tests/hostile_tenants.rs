@@ -1,0 +1,172 @@
+//! Hostile tenants (issue 12, SPEC section 6 "Hostile tenants"): regression tests against a real daemon
+//! process, one per defect an independent client found, each named after its defect. Every test plays
+//! the attacker (VM B or an unauthenticated client) and checks that VM A, the other tenant, is neither
+//! reached nor starved.
+
+mod common;
+
+use common::raw::{self, connect, header, read_frame};
+use common::{page, vm, Daemon, HOST_TOKEN};
+use dd_client::Client;
+use dd_engine::{Key, PoolOptions, Spec};
+use dd_proto::{Op, Status};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+const HOST: Option<&str> = Some(HOST_TOKEN);
+
+fn register(d: &Daemon, id: u32, data: &str, admin: &str) {
+    let body = format!(r#"{{"id":{id},"data_token":"{data}","admin_token":"{admin}"}}"#);
+    let (s, j) = d.http("POST", "/v1/vms", HOST, Some(&body));
+    assert_eq!(s, 201, "{j}");
+}
+
+/// Defect 1: a connection outlived its VM. After `DELETE /v1/vms/50` and a new registration of VM 50
+/// with other tokens, the old session could list, read and flush the new tenant's pages, and the old
+/// admin token could still act.
+#[test]
+fn regression_connection_outlives_its_vm() {
+    let d = Daemon::start(&[], "");
+    register(&d, 50, "data-token-first-0050", "admin-token-first-0050");
+    let mut old = Client::connect_tcp(d.tcp, 50, "data-token-first-0050").unwrap();
+    let old_pool = old.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
+    // A second old session that stays idle the whole time (cut off without sending anything).
+    let mut idle = connect(d.tcp);
+    assert_eq!(raw::hello(&mut idle, 50, "data-token-first-0050"), Some(Status::OK));
+
+    assert_eq!(d.http("DELETE", "/v1/vms/50", HOST, None).0, 204);
+    register(&d, 50, "data-token-second-0050", "admin-token-second-0050");
+    let mut new = Client::connect_tcp(d.tcp, 50, "data-token-second-0050").unwrap();
+    let pool = new.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
+    let mut pools = vec![pool];
+    // Whatever numbering pools get, the old session tries every id it might guess.
+    for _ in 0..3 {
+        pools.push(new.create_cgroup(PoolOptions::persistent(Spec::Mem { weight: 100 })).unwrap());
+    }
+    for p in &pools {
+        new.put(*p, Key::new(7, 1), &page(50, 7, 1)).unwrap();
+    }
+
+    // The old session can do nothing at all: not list, not read, not flush.
+    assert!(old.list_pools().is_err(), "the old session listed the new tenant's pools");
+    let mut buf = vec![0u8; 4096];
+    for p in pools.iter().chain([&old_pool]) {
+        assert!(!matches!(old.get(*p, Key::new(7, 1), &mut buf), Ok(true)), "old session read pool {p}");
+        assert!(old.flush_object(*p, 7).is_err(), "old session flushed pool {p}");
+    }
+    // The idle old session was closed by the daemon without sending anything.
+    assert!(raw::closed(&mut idle), "an idle session of the removed registration stayed open");
+    // The old admin token is dead; the new one works.
+    let (s, _) = d.http("GET", "/v1/vm/pools", Some("admin-token-first-0050"), None);
+    assert_eq!(s, 401);
+    let (s, j) = d.http("GET", "/v1/vm/pools", Some("admin-token-second-0050"), None);
+    assert_eq!((s, j.as_array().map(|a| a.len())), (200, Some(pools.len())));
+    // The new tenant's pages are intact.
+    for p in &pools {
+        assert!(new.get(*p, Key::new(7, 1), &mut buf).unwrap());
+        assert_eq!(buf, page(50, 7, 1));
+    }
+}
+
+/// Defect 3: before HELLO the daemon buffered up to `max_payload_bytes` (2 MiB) for a frame that can
+/// only be a HELLO. A header announcing more than a HELLO can hold is refused from the header alone,
+/// and connections that send megabytes before authenticating cost the daemon next to nothing.
+#[test]
+fn regression_unauthenticated_memory() {
+    let a = vm(1);
+    let d = Daemon::start(&[&a], "");
+    let mut s = connect(d.tcp);
+    s.write_all(&header(Op::Hello as u8, 7, 2 * 1024 * 1024)).unwrap();
+    let (h, _) = read_frame(&mut s).expect("an answer to the header alone, before any payload");
+    assert_eq!((h.status(), h.request_id), (Status::FRAME_TOO_LARGE, 7));
+    assert!(raw::closed(&mut s));
+
+    let before = raw::rss_kib(d.pid());
+    let big = vec![0x5au8; 2 * 1024 * 1024 - 1];
+    let conns: Vec<_> = (0..48)
+        .map(|i| {
+            let mut s = connect(d.tcp);
+            // The daemon may close the connection after the header: later writes then fail.
+            let _ = s.write_all(&header(Op::Hello as u8, i, 2 * 1024 * 1024));
+            let _ = s.write_all(&big);
+            s
+        })
+        .collect();
+    let grown_kib = raw::rss_kib(d.pid()).saturating_sub(before);
+    assert!(
+        grown_kib < 16 * 1024,
+        "48 unauthenticated connections that sent 2 MiB each grew the daemon by {grown_kib} KiB"
+    );
+    drop(conns);
+    // Everyone else is served.
+    let mut c = d.tcp_client(&a);
+    c.ping().unwrap();
+}
+
+/// Defect 4: connections that sent one byte held every slot (no handshake deadline), authenticated
+/// connections of one VM could take every slot (no per-VM cap) and idle sessions were never closed.
+#[test]
+fn regression_no_handshake_or_idle_deadline_no_per_vm_cap() {
+    let (a, b) = (vm(1), vm(2));
+    let d = Daemon::start(
+        &[&a, &b],
+        "[limits]\nmax_connections = 16\nmax_connections_per_vm = 4\nhandshake_timeout_ms = 1000\n\
+         idle_timeout_ms = 2000\n",
+    );
+    // 16 unauthenticated connections that each sent one byte.
+    let mut slow: Vec<_> = (0..16)
+        .map(|_| {
+            let mut s = connect(d.tcp);
+            s.write_all(b"D").unwrap();
+            s
+        })
+        .collect();
+    // A connects anyway (a new handshake takes the slot of the oldest unauthenticated connection).
+    let mut ca =
+        Client::connect_tcp(d.tcp, a.id, &a.data_token).expect("A connects past 16 slow connections");
+    ca.ping().unwrap();
+    // Every slow connection is closed by the handshake deadline (or was displaced by A).
+    for s in &mut slow {
+        assert!(raw::closed(s), "a connection that never said HELLO stayed open");
+    }
+    // B's authenticated connections are capped; A is not affected.
+    let bs: Vec<Client> = (0..4).map(|_| d.tcp_client(&b)).collect();
+    let e = Client::connect_tcp(d.tcp, b.id, &b.data_token).unwrap_err();
+    assert_eq!(e.status(), Some(Status::BUSY), "{e}");
+    let mut ca2 = d.tcp_client(&a);
+    ca2.ping().unwrap();
+    drop(bs);
+    // An authenticated connection that stays idle is closed after the idle timeout.
+    let mut s = connect(d.tcp);
+    assert_eq!(raw::hello(&mut s, b.id, &b.data_token), Some(Status::OK));
+    let t = Instant::now();
+    assert!(raw::closed(&mut s), "an idle session was never closed");
+    assert!(t.elapsed() < Duration::from_secs(20));
+}
+
+/// Defect 5: with many pools, VM_STATS answered far more than `max_payload` (40 MB against 2 MiB).
+/// Every response, VM_STATS and LIST_POOLS included, fits the frame limit the server announced.
+#[test]
+fn regression_responses_beyond_the_documented_bounds() {
+    let a = vm(1);
+    // A small frame limit (a batch of 16 pages) so that the statistics of 400 pools exceed it.
+    let d = Daemon::start(&[&a], "[limits]\nmax_payload_bytes = 65800\n[engine]\nmax_batch_pages = 16\n");
+    let mut c = d.tcp_client(&a);
+    let max_payload = c.info().max_payload;
+    assert_eq!(max_payload, 65800);
+    for _ in 0..400 {
+        c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
+    }
+    let mut s = connect(d.tcp);
+    assert_eq!(raw::hello(&mut s, a.id, &a.data_token), Some(Status::OK));
+    for (i, op) in [Op::VmStats, Op::ListPools].into_iter().enumerate() {
+        s.write_all(&header(op as u8, 10 + i as u64, 0)).unwrap();
+        let (h, p) = read_frame(&mut s).expect("a response");
+        assert_eq!(h.status(), Status::OK, "{op:?}: {}", String::from_utf8_lossy(&p));
+        assert!(h.payload_len <= max_payload, "{op:?} answered {} bytes > {max_payload}", h.payload_len);
+    }
+    // The client library reads the (bounded) statistics.
+    let st = c.get_stats().unwrap();
+    assert!(!st.pools.is_empty());
+    assert_eq!(c.list_pools().unwrap().len(), 400);
+}
