@@ -40,8 +40,10 @@
 
 use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
-use crate::policy::{compute_entitlements, select_victim, EntityUsage, VmShape};
-use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, MAX_WEIGHT};
+use crate::policy::{select_victim, EntityUsage};
+use crate::pool::{
+    Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, VmShare, MAX_WEIGHT,
+};
 use crate::remote::{Evicted, RemoteRef, RemoteSink};
 use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
 use crate::store::dedup::{hash_page, ContentIndex, Lookup};
@@ -51,12 +53,14 @@ use crate::types::{Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, S
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 const POOL_SHARDS: usize = 16;
+/// One shard of the pool table: pools by (VM, per-VM pool id).
+type PoolTable = Map<(VmId, PoolId), Arc<Pool>>;
 /// Sequence numbers a thread takes from the shared counter at once.
 const SEQ_BLOCK: u64 = 256;
 
@@ -111,6 +115,15 @@ struct VmNode {
     /// Counters of destroyed pools, so aggregates keep the identity.
     retired: Counters,
     entitlement: [u64; 2],
+    /// Sum of the pool weights per store (a VM uses a store when this and its own weight are non-zero).
+    weight_sum: [u64; 2],
+    /// What the VM's pools read: its entitlement and `weight_sum` (see `pool::VmShare`).
+    share: Arc<VmShare>,
+    /// The next pool id of this VM: pool ids are numbered per VM (1, 2, ...), so they tell a VM nothing
+    /// about other VMs' pools, and are never reused within one registration.
+    next_pool: u32,
+    /// The VM's pool quota.
+    max_pools: usize,
     /// The VM's pages are de-duplicated only among themselves (`store::dedup`, side channels).
     dedup_isolated: bool,
 }
@@ -134,6 +147,7 @@ struct Shared {
     page_size: usize,
     max_batch: usize,
     max_pools: usize,
+    max_pools_per_vm: usize,
     maintenance: Maintenance,
     maintenance_interval: Duration,
     settings: RwLock<Settings>,
@@ -144,9 +158,9 @@ struct Shared {
     dedup: Option<ContentIndex>,
     ssd: Option<SsdStore>,
     stores: [StoreState; 2],
-    pools: [RwLock<Map<PoolId, Arc<Pool>>>; POOL_SHARDS],
+    /// Pools by (VM, per-VM pool id).
+    pools: [RwLock<PoolTable>; POOL_SHARDS],
     tree: RwLock<Tree>,
-    next_pool: AtomicU32,
     /// Insertion sequence (global-mode FIFO order); threads take it in blocks, see [`Shared::next_seq`].
     seq: CachePadded<AtomicU64>,
     /// Distinguishes caches in the per-thread sequence-block cache.
@@ -222,6 +236,7 @@ impl Cache {
             page_size: ps,
             max_batch: cfg.max_batch_pages,
             max_pools: cfg.max_pools,
+            max_pools_per_vm: cfg.max_pools_per_vm,
             maintenance: cfg.maintenance,
             maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
             settings: RwLock::new(Settings {
@@ -236,7 +251,6 @@ impl Cache {
             stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
             pools: std::array::from_fn(|_| RwLock::new(Map::with_hasher(Hasher::default()))),
             tree: RwLock::new(Tree::default()),
-            next_pool: AtomicU32::new(1),
             seq: CachePadded::new(AtomicU64::new(1)),
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             wake: (Mutex::new(false), Condvar::new()),
@@ -285,6 +299,10 @@ impl Cache {
                 pools: BTreeMap::new(),
                 retired: Counters::default(),
                 entitlement: [0; 2],
+                weight_sum: [0; 2],
+                share: Arc::new(VmShare::default()),
+                next_pool: 1,
+                max_pools: self.shared.max_pools_per_vm,
                 dedup_isolated: false,
             },
         );
@@ -292,31 +310,36 @@ impl Cache {
         Ok(())
     }
 
-    /// Removes a VM and destroys all its pools.
+    /// Removes a VM and destroys all its pools, in one pass: the cost grows with this VM's pools and
+    /// pages and the number of VMs, never with other VMs' pools.
     pub fn remove_vm(&self, vm: VmId) -> Result<(), CacheError> {
-        let pools: Vec<PoolId> = {
-            let tree = self.shared.tree.read();
-            let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
-            node.pools.keys().copied().collect()
-        };
-        for p in pools {
-            // A concurrent destroy of the same pool is fine: it is gone either way.
-            let _ = self.destroy_pool(vm, p);
-        }
         let mut tree = self.shared.tree.write();
-        if let Some(node) = tree.vms.remove(&vm) {
-            let mut retired = node.retired;
-            for p in node.pools.values() {
-                // Pools created after the snapshot above, destroyed here.
-                retired.add(&self.shared.destroy_locked(p));
-            }
-            tree.pool_count -= node.pools.len();
-            tree.retired.add(&retired);
+        let node = tree.vms.remove(&vm).ok_or(CacheError::UnknownVm(vm))?;
+        let mut retired = node.retired;
+        for p in node.pools.values() {
+            retired.add(&self.shared.destroy_locked(p));
         }
+        tree.pool_count -= node.pools.len();
+        tree.retired.add(&retired);
         self.shared.recompute(&mut tree);
         drop(tree);
         self.after_reconfigure();
         Ok(())
+    }
+
+    /// Sets a VM's pool quota (host scope). Pools it holds beyond a lowered quota stay; it creates no
+    /// more until it is under it.
+    pub fn set_vm_pool_quota(&self, vm: VmId, max_pools: usize) -> Result<(), CacheError> {
+        if max_pools == 0 || max_pools > u32::MAX as usize {
+            return Err(CacheError::invalid("max_pools", "must be 1 to 2^32 - 1"));
+        }
+        self.shared.tree.write().vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?.max_pools = max_pools;
+        Ok(())
+    }
+
+    /// A VM's pool quota.
+    pub fn vm_pool_quota(&self, vm: VmId) -> Result<usize, CacheError> {
+        Ok(self.shared.tree.read().vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?.max_pools)
     }
 
     pub fn set_vm_weights(&self, vm: VmId, weights: VmWeights) -> Result<(), CacheError> {
@@ -419,24 +442,32 @@ impl Cache {
     // VM scope: pool lifecycle
     // ------------------------------------------------------------------------------------------
 
-    /// Creates a pool for a container of `vm` (CREATE_CGROUP).
+    /// Creates a pool for a container of `vm` (CREATE_CGROUP). Refused beyond the VM's quota, or when
+    /// the host holds `max_pools`. Costs O(number of VMs), whatever the other VMs' pools.
     pub fn new_pool(&self, vm: VmId, opts: PoolOptions) -> Result<PoolId, CacheError> {
         check_spec(&opts.spec)?;
         let mut tree = self.shared.tree.write();
-        if tree.pool_count >= self.shared.max_pools {
-            return Err(CacheError::TooManyPools(self.shared.max_pools));
-        }
+        let host_full = tree.pool_count >= self.shared.max_pools;
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
-        let id = PoolId(self.shared.next_pool.fetch_add(1, Ordering::Relaxed));
+        if node.pools.len() >= node.max_pools {
+            return Err(CacheError::TooManyPools(node.max_pools));
+        }
+        if host_full {
+            return Err(CacheError::HostPoolLimit);
+        }
+        let id = PoolId(node.next_pool);
+        node.next_pool = node.next_pool.checked_add(1).ok_or(CacheError::TooManyPools(node.max_pools))?;
         let exclusive = match opts.kind {
             PoolKind::Ephemeral => opts.exclusive_gets,
             PoolKind::Persistent => false,
         };
-        let pool = Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive));
+        let pool =
+            Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive, node.share.clone()));
         pool.dedup_domain.store(dedup_domain(vm, node.dedup_isolated), Ordering::Relaxed);
+        node.add_weights(&opts.spec, 1);
         node.pools.insert(id, pool.clone());
         tree.pool_count += 1;
-        self.shared.pools[shard_of(id)].write().insert(id, pool);
+        self.shared.pools[shard_of(vm, id)].write().insert((vm, id), pool);
         self.shared.recompute(&mut tree);
         drop(tree);
         self.after_reconfigure();
@@ -448,6 +479,7 @@ impl Cache {
         let mut tree = self.shared.tree.write();
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownPool(pool))?;
         let p = node.pools.remove(&pool).ok_or(CacheError::UnknownPool(pool))?;
+        node.add_weights(&p.spec.load(), -1);
         let final_counters = self.shared.destroy_locked(&p);
         node.retired.add(&final_counters);
         tree.pool_count -= 1;
@@ -464,7 +496,12 @@ impl Cache {
         let p = self.shared.pool(vm, pool)?;
         {
             let mut tree = self.shared.tree.write();
+            // The pool may have been destroyed since the lookup: then it is no longer in its VM.
+            let node = tree.vms.get_mut(&vm).filter(|n| n.pools.contains_key(&pool));
+            let node = node.ok_or(CacheError::UnknownPool(pool))?;
+            node.add_weights(&p.spec.load(), -1);
             p.spec.store(spec);
+            node.add_weights(&spec, 1);
             self.shared.recompute(&mut tree);
         }
         if p.kind == PoolKind::Ephemeral {
@@ -941,8 +978,20 @@ fn dedup_domain(vm: VmId, isolated: bool) -> u64 {
     }
 }
 
-fn shard_of(id: PoolId) -> usize {
-    (id.0 as usize).wrapping_mul(0x9E37_79B9) % POOL_SHARDS
+fn shard_of(vm: VmId, id: PoolId) -> usize {
+    ((id.0 as usize) ^ (vm.0 as usize).rotate_left(16)).wrapping_mul(0x9E37_79B9) % POOL_SHARDS
+}
+
+impl VmNode {
+    /// Adds (`sign` 1) or removes (-1) a pool's weights to the VM's sums and publishes them.
+    fn add_weights(&mut self, spec: &Spec, sign: i64) {
+        for s in StoreKind::ALL {
+            let w = spec.weight(s) as u64;
+            let sum = &mut self.weight_sum[s.idx()];
+            *sum = if sign > 0 { *sum + w } else { *sum - w };
+            self.share.weight_sum[s.idx()].store(*sum, Ordering::Relaxed);
+        }
+    }
 }
 
 fn check_weight(field: &str, w: u32) -> Result<(), CacheError> {
@@ -992,38 +1041,29 @@ impl Shared {
 
     /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
     fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
-        match self.pools[shard_of(pool)].read().get(&pool) {
-            Some(p) if p.vm == vm => Ok(p.clone()),
-            _ => Err(CacheError::UnknownPool(pool)),
+        match self.pools[shard_of(vm, pool)].read().get(&(vm, pool)) {
+            Some(p) => Ok(p.clone()),
+            None => Err(CacheError::UnknownPool(pool)),
         }
     }
 
-    /// Recomputes every entitlement from the tree. Called with the tree write-locked.
+    /// Recomputes every VM's entitlement from the tree (SPEC section 3; `policy::entitlement::compute`
+    /// is the reference it must agree with). Pools derive theirs from their VM's share on read, so this
+    /// costs O(number of VMs) and never walks pools. Called with the tree write-locked.
     fn recompute(&self, tree: &mut Tree) {
-        let shapes: BTreeMap<VmId, VmShape> = tree
-            .vms
-            .iter()
-            .map(|(id, n)| {
-                (
-                    *id,
-                    VmShape {
-                        weights: n.weights,
-                        pools: n.pools.iter().map(|(pid, p)| (*pid, p.spec.load())).collect(),
-                    },
-                )
-            })
-            .collect();
-        let cap = [
-            self.stores[0].capacity.load(Ordering::Relaxed),
-            self.stores[1].capacity.load(Ordering::Relaxed),
-        ];
-        let ent = compute_entitlements(cap, &shapes);
-        for (id, node) in tree.vms.iter_mut() {
-            node.entitlement = ent.vm[id];
-            for (pid, p) in &node.pools {
-                for s in StoreKind::ALL {
-                    p.entitlement[s.idx()].store(ent.pool[pid][s.idx()], Ordering::Relaxed);
-                }
+        for s in StoreKind::ALL {
+            let i = s.idx();
+            let cap = self.stores[i].capacity.load(Ordering::Relaxed) as u128;
+            let uses = |n: &VmNode| n.weights.get(s) > 0 && n.weight_sum[i] > 0;
+            let vm_sum: u128 = tree.vms.values().filter(|n| uses(n)).map(|n| n.weights.get(s) as u128).sum();
+            for node in tree.vms.values_mut() {
+                let ent = if uses(node) && vm_sum > 0 {
+                    (cap * node.weights.get(s) as u128 / vm_sum) as u64
+                } else {
+                    0
+                };
+                node.entitlement[i] = ent;
+                node.share.entitlement[i].store(ent, Ordering::Relaxed);
             }
         }
     }
@@ -1031,7 +1071,7 @@ impl Shared {
     /// Marks a pool dead, drops every page (counted as flushes) and returns its final counters. Called
     /// with the tree write-locked; removes the pool from the table.
     fn destroy_locked(&self, p: &Arc<Pool>) -> Counters {
-        self.pools[shard_of(p.id)].write().remove(&p.id);
+        self.pools[shard_of(p.vm, p.id)].write().remove(&(p.vm, p.id));
         p.destroyed.store(true, Ordering::Release);
         let (locs, counters) = {
             let mut g = p.inner.lock();

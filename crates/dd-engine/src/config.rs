@@ -155,8 +155,16 @@ pub struct EngineConfig {
     pub maintenance_interval_ms: u64,
     /// Largest batch a single batched call may carry. Default 256 pages.
     pub max_batch_pages: usize,
-    /// Most pools the cache will hold. Default 65 536.
+    /// Most pools the cache will hold, all VMs together. Default 65 536.
     pub max_pools: usize,
+    /// Most pools one VM may hold (its quota; the host administrator can set another per VM, see
+    /// [`crate::Cache::set_vm_pool_quota`]). Default 1024.
+    #[serde(default = "default_max_pools_per_vm")]
+    pub max_pools_per_vm: usize,
+}
+
+fn default_max_pools_per_vm() -> usize {
+    1024
 }
 
 impl Default for EngineConfig {
@@ -172,6 +180,7 @@ impl Default for EngineConfig {
             maintenance_interval_ms: 10,
             max_batch_pages: 256,
             max_pools: 65_536,
+            max_pools_per_vm: default_max_pools_per_vm(),
         }
     }
 }
@@ -221,6 +230,9 @@ impl EngineConfig {
         }
         if self.max_pools == 0 {
             return Err(CacheError::invalid("max_pools", "must be at least 1"));
+        }
+        if self.max_pools_per_vm == 0 || self.max_pools_per_vm > u32::MAX as usize {
+            return Err(CacheError::invalid("max_pools_per_vm", "must be 1 to 2^32 - 1"));
         }
         Ok(())
     }

@@ -157,6 +157,9 @@ pub struct VmConfig {
     pub data_token: String,
     /// Bearer token of the admin API's VM scope; must differ from `data_token`.
     pub admin_token: String,
+    /// The VM's pool quota; default `engine.max_pools_per_vm`.
+    #[serde(default)]
+    pub max_pools: Option<usize>,
 }
 
 fn default_weights() -> VmWeights {

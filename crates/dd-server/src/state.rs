@@ -77,6 +77,12 @@ impl ServerState {
     /// Registers a VM with its tokens (engine first, then the registry).
     pub fn add_vm(&self, vm: &VmConfig) -> Result<Arc<Registration>, CacheError> {
         self.cache.add_vm(VmId(vm.id), vm.weights)?;
+        if let Some(n) = vm.max_pools {
+            if let Err(e) = self.cache.set_vm_pool_quota(VmId(vm.id), n) {
+                let _ = self.cache.remove_vm(VmId(vm.id));
+                return Err(e);
+            }
+        }
         Ok(self.registry.insert(VmId(vm.id), &vm.data_token, &vm.admin_token))
     }
 
