@@ -116,6 +116,13 @@ pub struct CoopConfig {
     /// Pins of a peer not heard from for this long are released (dead peer). Default 360000
     /// (three publication periods).
     pub pin_ttl_ms: u64,
+    /// Connections to the peer listener (in their HELLO or authenticated); when all are taken a new one
+    /// displaces the oldest still in its HELLO. Default 64.
+    #[serde(default = "default_coop_max_connections")]
+    pub max_connections: usize,
+    /// Time from accept to a completed peer HELLO; slower connections are closed. Default 5000.
+    #[serde(default = "default_coop_handshake_ms")]
+    pub handshake_timeout_ms: u64,
     /// The summary: `m_bits`, `k_hashes`, `removal` (`no-unset` or `counting`). Default 8 Mi bits, 7.
     pub bloom: dd_coop::BloomConfig,
     pub etcd: EtcdConfig,
@@ -169,6 +176,14 @@ pub struct VmConfig {
     /// other's content: see docs/protocol.md "Security"); empty (the default): a domain of its own.
     #[serde(default)]
     pub dedup_group: String,
+}
+
+fn default_coop_max_connections() -> usize {
+    64
+}
+
+fn default_coop_handshake_ms() -> u64 {
+    5000
 }
 
 fn default_weights() -> VmWeights {
@@ -372,6 +387,8 @@ impl ServerConfig {
             ("coop.request_timeout_ms", c.request_timeout_ms),
             ("coop.connect_timeout_ms", c.connect_timeout_ms),
             ("coop.pin_ttl_ms", c.pin_ttl_ms),
+            ("coop.handshake_timeout_ms", c.handshake_timeout_ms),
+            ("coop.max_connections", c.max_connections as u64),
             ("coop.etcd.lease_ttl_s", c.etcd.lease_ttl_s),
         ] {
             if v == 0 {

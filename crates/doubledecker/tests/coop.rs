@@ -567,3 +567,35 @@ fn regression_coop_content_oracle_across_hosts() {
     let (hits, _) = get_file(&mut cc, pc, 1, 5, 32);
     assert_eq!(hits, 0, "a right guess came back from the peer");
 }
+
+/// Defect 7: the peer listener had no deadline and no connection limit: connections that sent nothing
+/// stayed open for ever (300 of them, with 256 file descriptors, kept the daemon from accepting anyone).
+/// Now a connection that does not complete its HELLO within `coop.handshake_timeout_ms` (5 s by
+/// default) is closed, the listener holds at most `coop.max_connections` (64), a newer connection
+/// displacing the oldest silent one, and a real peer still gets in meanwhile.
+#[test]
+fn regression_peer_listener_without_deadline_or_limit() {
+    use dd_coop::wire::{PeerRequest, PeerStatus};
+    let v = vm(1);
+    let b = Node { name: "b", port: free_port() };
+    let db = start_node(&b, &[], &v, 1024);
+    let mut silent: Vec<std::net::TcpStream> = (0..150).map(|_| peer_conn(b.port)).collect();
+    // A peer that says HELLO is served although 150 silent connections came first.
+    let mut s = peer_conn(b.port);
+    let hello = PeerRequest::Hello { name: "m", epoch: 5, secret: SECRET.as_bytes() };
+    let (st, _) = peer_call(&mut s, &hello).expect("a HELLO answer past 150 silent connections");
+    assert_eq!(st, PeerStatus::OK.0);
+    // Every silent connection is closed (displaced or by the handshake deadline).
+    for c in &mut silent {
+        let mut buf = [0u8; 16];
+        let r = std::io::Read::read(c, &mut buf);
+        assert!(
+            matches!(r, Ok(0) | Err(_))
+                && !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a silent peer connection stayed open: {r:?}"
+        );
+    }
+    // The data plane and the admin API were served throughout.
+    db.tcp_client(&v).ping().unwrap();
+    assert_eq!(db.http("GET", "/healthz", None, None).0, 200);
+}
