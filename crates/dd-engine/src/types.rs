@@ -82,7 +82,7 @@ pub enum PoolKind {
 
 /// The container spec `<T, W>` of paper 002: which store(s) the pool uses and its relative weight in each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Spec {
     /// Memory store only.
     Mem { weight: u32 },

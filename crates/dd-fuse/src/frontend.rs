@@ -24,6 +24,23 @@
 //! each read compares under the lock; a change within one timestamp tick that keeps the size is not seen
 //! (documented in README).
 //!
+//! Shared mappings (issue 13). Files are opened `FOPEN_DIRECT_IO`, so `read`/`write` bypass the kernel's
+//! page cache, and the mount asks for `FUSE_DIRECT_IO_ALLOW_MMAP` (Linux 6.6+), so files can be mapped:
+//! a mapping's pages do live in the kernel's page cache. Why the invariant above still holds:
+//! * a page the kernel maps is faulted in by an ordinary READ, served by this frontend like any read
+//!   (first level, pool, backing file, under the object's shared lock);
+//! * a page written through a mapping reaches the mount as a WRITE (write-back at `msync`, `fsync`,
+//!   `close` or the kernel's periodic write-back), which goes through [`Frontend::write`]: backing file
+//!   first, then both levels invalidated, as for any write. Until then the bytes are only in the
+//!   kernel's page, which every mapping of the file on this machine shares (so two containers' mappings,
+//!   sqlite's `-shm` for example, see each other's stores at once);
+//! * the kernel's cached pages of a file are dropped when a `write(2)` through the mount changes them
+//!   (the FUSE side invalidates the written range; a write-back of the kernel's own pages does not), when
+//!   the file is opened (no `FOPEN_KEEP_CACHE`), and when the mount sees a change behind its back (a read
+//!   or write finds a new stamp: [`Frontend::on_change`]). Dropping a dirty page writes it back first, so
+//!   nothing written through a mapping is lost. The documented point for a change made behind the mount:
+//!   an existing mapping shows it once the file has been opened or read through the mount after it.
+//!
 //! Lock order: object lock (at most one held blocking; other objects' locks only by
 //! `try_read_recursive`, which never waits) -> container first-level mutexes, `objects`, `containers`,
 //! an object's small mutexes, the idle-connection list (all leaves). Network I/O happens only under an
@@ -178,7 +195,14 @@ pub struct Frontend {
     /// from (or puts to) them again.
     poisoned: Mutex<BTreeSet<u32>>,
     latency: Duration,
+    /// Told `(object, offset, length)` (length 0: to the end) when the mount sees that a backing file
+    /// changed behind its back. The FUSE side drops the kernel's cached pages of the file, which is what
+    /// keeps shared mappings coherent with such changes (see the module documentation).
+    kernel_cache: std::sync::OnceLock<KernelCacheHook>,
 }
+
+/// See [`Frontend::on_change`].
+pub type KernelCacheHook = Box<dyn Fn(u64, i64, i64) + Send + Sync>;
 
 fn page_box(b: &[u8]) -> Box<[u8]> {
     b.to_vec().into_boxed_slice()
@@ -212,7 +236,19 @@ impl Frontend {
             objects: Mutex::new(HashMap::new()),
             clients,
             poisoned: Mutex::new(BTreeSet::new()),
+            kernel_cache: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the hook told of every change of a backing file's bytes (once; later calls are ignored).
+    pub fn on_change(&self, hook: KernelCacheHook) {
+        let _ = self.kernel_cache.set(hook);
+    }
+
+    fn changed(&self, obj: &Object, offset: u64, len: u64) {
+        if let Some(h) = self.kernel_cache.get() {
+            h(obj.id, offset.min(i64::MAX as u64) as i64, len.min(i64::MAX as u64) as i64);
+        }
     }
 
     /// The container of a calling process.
@@ -291,10 +327,15 @@ impl Frontend {
             let _w = obj.lock.write();
             let m = file.metadata()?;
             let stamp = Stamp::of(&m);
-            if *obj.stamp.lock() != Some(stamp) {
+            let known = *obj.stamp.lock();
+            if known != Some(stamp) {
                 obj.generation.fetch_add(1, Ordering::AcqRel);
                 self.invalidate_locked(obj, None);
                 *obj.stamp.lock() = Some(stamp);
+                if known.is_some() {
+                    // Changed behind the mount's back: mapped pages in the kernel are stale too.
+                    self.changed(obj, 0, 0);
+                }
             }
             let prev = obj.owner.lock().replace(c.clone());
             if let Some(prev) = prev.filter(|p| !Arc::ptr_eq(p, c)) {
@@ -543,9 +584,13 @@ impl Frontend {
         let _w = obj.lock.write();
         // A change behind the mount's back since the last read must not be blessed by this write's stamp.
         let before = Stamp::of(&file.metadata()?);
-        if *obj.stamp.lock() != Some(before) {
+        let known = *obj.stamp.lock();
+        if known != Some(before) {
             obj.generation.fetch_add(1, Ordering::AcqRel);
             self.invalidate_locked(obj, None);
+            if known.is_some() {
+                self.changed(obj, 0, 0);
+            }
         }
         let n = file.write_at(data, offset)?;
         let m = file.metadata()?;

@@ -8,6 +8,8 @@
 //! * [`frontend`]: clean pages evicted from it are put to the container's pool, misses are got from the
 //!   pool before the backing store, writes, truncation and deletion invalidate, files read by another
 //!   container migrate (MIGRATE_OBJECT); the coherence argument is at the top of that module;
+//! * [`passthrough`]: extended attributes and special nodes on the backing directory, and the kernel
+//!   page-cache invalidations that keep shared mappings coherent;
 //! * [`fs`]: the FUSE operations on the backing directory (via the pure-Rust `fuser`, no libfuse) and
 //!   [`Mount`], which `doubledecker mount` runs until SIGINT/SIGTERM unmounts it.
 
@@ -16,6 +18,7 @@ pub mod config;
 pub mod frontend;
 pub mod fs;
 pub mod level1;
+pub mod passthrough;
 
 pub use config::{FuseConfig, PAGE_SIZE};
 pub use frontend::{ContainerStats, Frontend};

@@ -103,7 +103,7 @@ pub trait CacheOps {
 /// The engine configuration a lab run needs: 512-byte engine pages, inline maintenance (deterministic),
 /// the memory arena reserved for the largest capacity the run sets, hybrid margins in guest pages. A
 /// daemon serving the lab must run the same (`docs/scenario-format.md`, "Running against a daemon").
-pub fn engine_config(cfg: &BackendConfig, ssd_path: Option<PathBuf>) -> EngineConfig {
+pub fn engine_config(cfg: &BackendConfig) -> EngineConfig {
     let ps = ENGINE_PAGE as u64;
     let ecfg = EngineConfig {
         page_size_bytes: ENGINE_PAGE,
@@ -112,8 +112,11 @@ pub fn engine_config(cfg: &BackendConfig, ssd_path: Option<PathBuf>) -> EngineCo
             max_capacity_bytes: Some(cfg.mem_max_pages.max(cfg.mem_pages).max(1) * ps),
             ..Default::default()
         },
-        ssd: ssd_path.map(|path| SsdStoreConfig {
-            path,
+        // An unnamed scratch file in the scratch directory: nothing is left behind by any exit of the
+        // lab (a SIGKILL included), and on a memory-backed directory nothing is reserved up front.
+        ssd: (cfg.ssd_pages > 0).then(|| SsdStoreConfig {
+            path: cfg.scratch_dir.clone(),
+            scratch: true,
             capacity_bytes: cfg.ssd_pages * ps,
             direct_io: DirectIo::Off,
             io_backend: IoBackend::Sync,
@@ -134,7 +137,6 @@ pub fn engine_config(cfg: &BackendConfig, ssd_path: Option<PathBuf>) -> EngineCo
 /// The real engine, in-process, with inline maintenance (deterministic).
 pub struct InProcess {
     cache: Cache,
-    ssd_path: Option<PathBuf>,
     /// Pool handles indexed by pool id (the engine numbers pools from 1, one per emulated container):
     /// the data path skips the engine's pool-table lookup (`bench lab` measured it at about 8% of a
     /// run).
@@ -143,14 +145,8 @@ pub struct InProcess {
 
 impl InProcess {
     pub fn new(cfg: &BackendConfig) -> Result<InProcess, LabError> {
-        // One file per engine: variants may run side by side in one process.
-        static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let ssd_path = (cfg.ssd_pages > 0).then(|| {
-            let n = NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            cfg.scratch_dir.join(format!("dd-lab-ssd-{}-{n}.bin", std::process::id()))
-        });
-        let cache = Cache::new(engine_config(cfg, ssd_path.clone()))?;
-        Ok(InProcess { cache, ssd_path, handles: Vec::new() })
+        let cache = Cache::new(engine_config(cfg))?;
+        Ok(InProcess { cache, handles: Vec::new() })
     }
 
     /// The handle of a live pool of `vm`. Every live pool has one, so a missing handle is the engine's
@@ -159,14 +155,6 @@ impl InProcess {
         match self.handles.get(pool as usize).and_then(Option::as_ref) {
             Some(h) if h.vm() == VmId(vm) => Ok(h),
             _ => Err(dd_engine::CacheError::UnknownPool(PoolId(pool)).into()),
-        }
-    }
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        if let Some(p) = &self.ssd_path {
-            let _ = std::fs::remove_file(p);
         }
     }
 }

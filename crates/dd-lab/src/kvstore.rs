@@ -125,7 +125,9 @@ impl Store {
                 .clamp(1, (u32::MAX / 2 / page_pages) as u64) as u32;
             let mut bp = BufferPool::new(frames);
             if cfg.preload {
-                bp.set_file_pages((record_count * record_bytes).div_ceil(PAGE).div_ceil(page_pages as u64) as u32);
+                bp.set_file_pages(
+                    (record_count * record_bytes).div_ceil(PAGE).div_ceil(page_pages as u64) as u32
+                );
             }
             (bp, page_pages)
         });
@@ -312,7 +314,10 @@ mod tests {
         assert!(s.loaded());
         for _ in 0..100 {
             s.next(&mut r, &mut out);
-            assert!(out.iter().all(|t| !t.write && t.first < 5), "workload C only reads loaded records: {out:?}");
+            assert!(
+                out.iter().all(|t| !t.write && t.first < 5),
+                "workload C only reads loaded records: {out:?}"
+            );
         }
     }
 
@@ -362,7 +367,10 @@ mod tests {
     fn mysql_reads_its_tablespace_only_on_a_buffer_pool_miss() {
         // 1 MiB pool of 16 KiB pages (64 frames) over 1000 records of 1 KiB (63 tablespace pages): after
         // the load every page is in the pool, so reads touch only the heap.
-        let mut s = Store::new(&StoreConfig { buffer_pool_mib: 1.0, ..StoreConfig::of(StoreKind::Mysql, YcsbWorkload::C, 1000, 1.0) });
+        let mut s = Store::new(&StoreConfig {
+            buffer_pool_mib: 1.0,
+            ..StoreConfig::of(StoreKind::Mysql, YcsbWorkload::C, 1000, 1.0)
+        });
         assert_eq!(s.heap_pages(), 256);
         let mut r = ChaCha8Rng::seed_from_u64(4);
         let mut out = Vec::new();

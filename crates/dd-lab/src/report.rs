@@ -92,6 +92,11 @@ pub fn measure(runs: &[RunResult], m: &Measure) -> Result<f64, String> {
         }
         Metric::CacheUsed => sum(&|s| s.mem_used + s.ssd_used) / times / 256.0,
         Metric::MemUsed => sum(&|s| s.mem_used) / times / 256.0,
+        Metric::SsdUsed => sum(&|s| s.ssd_used) / times / 256.0,
+        Metric::MemEntitlement => sum(&|s| s.mem_ent) / times / 256.0,
+        Metric::MemEffectiveEntitlement => sum(&|s| s.mem_eff) / times / 256.0,
+        Metric::SsdEntitlement => sum(&|s| s.ssd_ent) / times / 256.0,
+        Metric::SsdEffectiveEntitlement => sum(&|s| s.ssd_eff) / times / 256.0,
         Metric::Evictions => sum(&|s| s.evictions),
         Metric::LookupToStorePct => {
             let puts = sum(&|s| s.puts);
@@ -182,7 +187,16 @@ pub fn evaluate(sc: &Scenario, runs: &[RunResult]) -> Vec<CheckResult> {
                     ),
                 ))
             }
-            CheckKind::Entitlement { variant, entities, from_s, to_s, tolerance, store, exact } => {
+            CheckKind::Entitlement {
+                variant,
+                entities,
+                from_s,
+                to_s,
+                tolerance,
+                store,
+                exact,
+                effective,
+            } => {
                 let run = run_of(runs, variant)?;
                 let ssd = matches!(store, Some(dd_engine::StoreKind::Ssd));
                 let mut ok = true;
@@ -198,8 +212,16 @@ pub fn evaluate(sc: &Scenario, runs: &[RunResult]) -> Vec<CheckResult> {
                     let n = times as f64;
                     let used =
                         w.iter().map(|s| if ssd { s.ssd_used } else { s.mem_used }).sum::<u64>() as f64 / n;
-                    let ent =
-                        w.iter().map(|s| if ssd { s.ssd_ent } else { s.mem_ent }).sum::<u64>() as f64 / n;
+                    let ent = w
+                        .iter()
+                        .map(|s| match (ssd, *effective) {
+                            (false, false) => s.mem_ent,
+                            (true, false) => s.ssd_ent,
+                            (false, true) => s.mem_eff,
+                            (true, true) => s.ssd_eff,
+                        })
+                        .sum::<u64>() as f64
+                        / n;
                     let ev: u64 = w.iter().map(|s| s.evictions).sum();
                     let dev = if ent > 0.0 { (used - ent) / ent } else { f64::INFINITY };
                     let this = if dev.abs() <= *tolerance {
@@ -221,10 +243,11 @@ pub fn evaluate(sc: &Scenario, runs: &[RunResult]) -> Vec<CheckResult> {
                 Ok((
                     ok,
                     format!(
-                        "{} (tolerance {:.0}%{})",
+                        "{} (tolerance {:.0}%{}{})",
                         parts.join("; "),
                         tolerance * 100.0,
-                        if *exact { ", exact" } else { "" }
+                        if *exact { ", exact" } else { "" },
+                        if *effective { ", effective entitlement" } else { "" }
                     ),
                 ))
             }
@@ -407,6 +430,8 @@ pub fn timeseries_csv(res: &ScenarioResult) -> Result<String, LabError> {
         "page_cache_hits",
         "page_cache_misses",
         "disk_reads",
+        "mem_effective_entitlement_mib",
+        "ssd_effective_entitlement_mib",
     ];
     if provisioning {
         header.extend(["memory_limit_mib", "cache_mem_weight", "cache_ssd_weight"]);
@@ -447,6 +472,8 @@ pub fn timeseries_csv(res: &ScenarioResult) -> Result<String, LabError> {
                 s.pc_hits.to_string(),
                 s.pc_misses.to_string(),
                 s.disk_reads.to_string(),
+                mib(s.mem_eff),
+                mib(s.ssd_eff),
             ];
             row.extend(extra);
             w.write_record(&row).map_err(e)?;

@@ -456,11 +456,14 @@ pub enum Event {
         container: String,
         cache: Spec,
     },
+    /// New store weights of a VM; a weight left out keeps its current value.
     SetVmWeights {
         at_s: f64,
         vm: String,
-        mem: u32,
-        ssd: u32,
+        #[serde(default)]
+        mem: Option<u32>,
+        #[serde(default)]
+        ssd: Option<u32>,
     },
     SetCapacity {
         at_s: f64,
@@ -594,6 +597,15 @@ pub enum Metric {
     CacheUsed,
     /// Mean pages in the memory store.
     MemUsed,
+    /// Mean pages in the SSD store.
+    SsdUsed,
+    /// Mean static entitlement in the memory store (the weight share, as the engine reports it).
+    MemEntitlement,
+    /// Mean effective entitlement in the memory store (`crate::effective`: under-used shares
+    /// redistributed by weight).
+    MemEffectiveEntitlement,
+    SsdEntitlement,
+    SsdEffectiveEntitlement,
     /// Pages evicted from the pool(s) in the window.
     Evictions,
     /// Gets that hit, per 100 puts (Table 2's lookup-to-store ratio), in the window.
@@ -633,9 +645,13 @@ pub enum CheckKind {
     /// mean entitlement, or below it without evictions in the window (it does not demand more). With
     /// `exact = false` (default) using more than the entitlement passes too (resource conservation lets a
     /// demanding entity take what others leave unused); `exact = true` also bounds it from above.
+    /// `effective = true` compares with the effective entitlement (`crate::effective`) instead of the
+    /// static weight share, so `exact` holds a resource-conserving result to what it may really use.
     Entitlement {
         #[serde(default)]
         exact: bool,
+        #[serde(default)]
+        effective: bool,
         #[serde(default)]
         variant: Option<String>,
         entities: Vec<String>,
@@ -719,7 +735,9 @@ impl Scenario {
     /// candidates (in place, in order).
     pub fn run_list(&self) -> Vec<Variant> {
         let vm_memory = |c: &str| -> Option<(String, f64)> {
-            self.containers().find(|(_, _, ct)| ct.name == c).map(|(_, vm, _)| (vm.name.clone(), vm.memory_mib))
+            self.containers()
+                .find(|(_, _, ct)| ct.name == c)
+                .map(|(_, vm, _)| (vm.name.clone(), vm.memory_mib))
         };
         self.variant_list().iter().flat_map(|v| provision::expand(v, &vm_memory)).collect()
     }
@@ -831,9 +849,12 @@ impl Scenario {
                         return bad(&format!("{p}.container"), "no such container");
                     }
                 }
-                Event::SetVmWeights { vm, .. } => {
+                Event::SetVmWeights { vm, mem, ssd, .. } => {
                     if !vm_names.contains(vm) {
                         return bad(&format!("{p}.vm"), "no such VM");
+                    }
+                    if mem.is_none() && ssd.is_none() {
+                        return bad(&format!("{p}.mem"), "give `mem`, `ssd` or both");
                     }
                 }
                 Event::Balloon { vm, memory_mib, over_s, .. } => {
@@ -910,8 +931,11 @@ impl Scenario {
                 s.validate(&format!("{p}.search"), &ct_names)?;
             }
         }
-        let targeted: HashSet<String> =
-            self.containers().filter(|(_, _, c)| c.target.is_some()).map(|(_, _, c)| c.name.clone()).collect();
+        let targeted: HashSet<String> = self
+            .containers()
+            .filter(|(_, _, c)| c.target.is_some())
+            .map(|(_, _, c)| c.name.clone())
+            .collect();
         let entity_ok = |e: &str| ct_names.contains(e) || vm_names.contains(e);
         let variant_ok = |v: &Option<String>| v.as_ref().is_none_or(|v| var_names.contains(v));
         let check_measure = |m: &Measure, p: &str| -> Result<(), LabError> {
@@ -1075,7 +1099,17 @@ impl Scenario {
                 CheckKind::Value { lhs, min, max } => {
                     sm(lhs);
                     // Sizes and page counts shrink with the scenario; rates and ratios do not.
-                    if matches!(lhs.metric, Metric::CacheUsed | Metric::MemUsed | Metric::Evictions) {
+                    if matches!(
+                        lhs.metric,
+                        Metric::CacheUsed
+                            | Metric::MemUsed
+                            | Metric::SsdUsed
+                            | Metric::MemEntitlement
+                            | Metric::MemEffectiveEntitlement
+                            | Metric::SsdEntitlement
+                            | Metric::SsdEffectiveEntitlement
+                            | Metric::Evictions
+                    ) {
                         *min *= k;
                         *max = max.map(|x| x * k);
                     }
@@ -1195,7 +1229,10 @@ fn validate_workload(w: &Workload, p: &str) -> Result<(), LabError> {
             ..
         } => {
             if *preload && *store == crate::kvstore::StoreKind::Redis {
-                return Err(LabError::invalid(&format!("{p}.preload"), "redis loads its records into memory"));
+                return Err(LabError::invalid(
+                    &format!("{p}.preload"),
+                    "redis loads its records into memory",
+                ));
             }
             if *record_count == 0 || *record_count > (1 << 30) {
                 return Err(LabError::invalid(&format!("{p}.record_count"), "must be in 1..=2^30"));

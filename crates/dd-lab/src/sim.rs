@@ -49,6 +49,10 @@ pub struct Sample {
     pub mem_ent: u64,
     pub ssd_used: u64,
     pub ssd_ent: u64,
+    /// Effective entitlements (`crate::effective`): the static ones with the under-used shares
+    /// redistributed by weight; filled in when the run ends.
+    pub mem_eff: u64,
+    pub ssd_eff: u64,
     pub puts: u64,
     pub puts_refused: u64,
     pub hits: u64,
@@ -206,6 +210,8 @@ pub struct Sim<B: SecondChance> {
     /// Time the current operation spent waiting on devices (not on a CPU).
     io_wait: u64,
     vm_names: Vec<String>,
+    /// Current `(mem, ssd)` weights per VM (a timeline change may give only one).
+    vm_weights: Vec<(u32, u32)>,
     cts: Vec<Ct>,
     vm_cts: Vec<Vec<usize>>,
     size: Vec<u32>,
@@ -217,6 +223,8 @@ pub struct Sim<B: SecondChance> {
     now: u64,
     end: u64,
     sample_ns: u64,
+    /// The host's eviction batch, pages (for the effective entitlements).
+    batch_pages: u64,
     controls: Vec<Event>,
     evbuf: Vec<Evicted>,
     touches: Vec<Touch>,
@@ -225,9 +233,8 @@ pub struct Sim<B: SecondChance> {
     samples: Vec<Sample>,
     accesses: u64,
     variant: String,
-    /// Store capacities (pages) and VM weights as the timeline left them (the provisioner's budget).
+    /// Store capacities (pages) as the timeline left them (the provisioner's budget, with `vm_weights`).
     capacity: [u64; 2],
-    vm_weights: Vec<(u32, u32)>,
     /// Per VM, its provisioner (if it has one and the variant runs it).
     prov: Vec<Option<provision::VmProv>>,
     /// Per container, its observed streams (containers of provisioned VMs only).
@@ -387,6 +394,7 @@ impl<B: SecondChance> Sim<B> {
             vcpus: sc.vms.iter().map(|v| vec![0; v.vcpus as usize]).collect(),
             io_wait: 0,
             vm_names: sc.vms.iter().map(|v| v.name.clone()).collect(),
+            vm_weights: sc.vms.iter().map(|v| (v.mem_weight, v.ssd_weight)).collect(),
             cts,
             vm_cts,
             size,
@@ -404,6 +412,7 @@ impl<B: SecondChance> Sim<B> {
             now: 0,
             end: ns(sc.duration_s),
             sample_ns: ns(sc.sample_interval_s).max(1),
+            batch_pages: mib_pages(sc.host.eviction_batch_mib).max(1),
             controls,
             evbuf: Vec::new(),
             touches: Vec::new(),
@@ -412,7 +421,6 @@ impl<B: SecondChance> Sim<B> {
             accesses: 0,
             variant: variant.name.clone(),
             capacity: [mib_pages(sc.host.mem_capacity_mib), mib_pages(sc.host.ssd_capacity_mib)],
-            vm_weights: sc.vms.iter().map(|v| (v.mem_weight, v.ssd_weight)).collect(),
             prov,
             streams,
             decisions: Vec::new(),
@@ -427,8 +435,12 @@ impl<B: SecondChance> Sim<B> {
             sim.push(t, EV_SAMPLE, 0, 0, 0);
             t += sim.sample_ns;
         }
-        let times: Vec<(usize, Vec<u64>)> =
-            sim.prov.iter().enumerate().filter_map(|(v, p)| p.as_ref().map(|p| (v, p.times(sim.end)))).collect();
+        let times: Vec<(usize, Vec<u64>)> = sim
+            .prov
+            .iter()
+            .enumerate()
+            .filter_map(|(v, p)| p.as_ref().map(|p| (v, p.times(sim.end))))
+            .collect();
         for (v, ts) in times {
             for t in ts {
                 sim.push(t, EV_PROVISION, v as u32, 0, 0);
@@ -652,7 +664,7 @@ impl<B: SecondChance> Sim<B> {
             ct.tot.pc_hits = m.hits;
             ct.tot.pc_misses = m.misses;
         }
-        Ok(RunResult {
+        let mut result = RunResult {
             variant: self.variant.clone(),
             duration_s: self.end as f64 / NS,
             containers: self
@@ -666,7 +678,12 @@ impl<B: SecondChance> Sim<B> {
             accesses: self.accesses,
             decisions: std::mem::take(&mut self.decisions),
             curves: std::mem::take(&mut self.curves),
-        })
+        };
+        let eff = crate::effective::effective_entitlements(&result, self.batch_pages);
+        for (s, [m, d]) in result.samples.iter_mut().zip(eff) {
+            (s.mem_eff, s.ssd_eff) = (m, d);
+        }
+        Ok(result)
     }
 
     fn ct_index(&self, name: &str) -> Option<usize> {
@@ -727,8 +744,9 @@ impl<B: SecondChance> Sim<B> {
             }
             Event::SetVmWeights { vm, mem, ssd, .. } => {
                 if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
-                    self.backend.set_vm_weights(v as u32 + 1, mem, ssd)?;
-                    self.vm_weights[v] = (mem, ssd);
+                    let w = &mut self.vm_weights[v];
+                    *w = (mem.unwrap_or(w.0), ssd.unwrap_or(w.1));
+                    self.backend.set_vm_weights(v as u32 + 1, w.0, w.1)?;
                 }
             }
             Event::SetCapacity { store, mib, .. } => {
@@ -798,6 +816,8 @@ impl<B: SecondChance> Sim<B> {
                 mem_ent: if ct.running { cum.mem.entitlement } else { 0 },
                 ssd_used: if ct.running { cum.ssd.used } else { 0 },
                 ssd_ent: if ct.running { cum.ssd.entitlement } else { 0 },
+                mem_eff: 0,
+                ssd_eff: 0,
                 puts: (cum.mem.puts + cum.ssd.puts) - (l.mem.puts + l.ssd.puts),
                 puts_refused: cum.puts_refused - l.puts_refused,
                 hits: hits(&cum) - hits(l),

@@ -57,7 +57,8 @@ impl Streams {
     /// Models that keep at most `max_samples` sampled keys each; `seed` makes the sampling hash of each
     /// container its own (so that two containers' samples are independent).
     pub fn new(max_samples: usize, seed: u64) -> Streams {
-        let m = |s| Shards::fixed_size_seeded(max_samples.max(1), Unit::Pages, s).expect("at least one sample");
+        let m =
+            |s| Shards::fixed_size_seeded(max_samples.max(1), Unit::Pages, s).expect("at least one sample");
         Streams { file: m(seed), anon: m(seed ^ 0x616e_6f6e), counters: StreamCounters::default() }
     }
 

@@ -159,13 +159,21 @@ fn a_search_runs_every_candidate_and_stands_for_the_best() {
     let names: Vec<&str> = s.candidates.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(
         names,
-        ["static[kv=8M,web=40M]", "static[kv=16M,web=32M]", "static[kv=28M,web=20M]", "static[kv=40M,web=8M]"]
+        [
+            "static[kv=8M,web=40M]",
+            "static[kv=16M,web=32M]",
+            "static[kv=28M,web=20M]",
+            "static[kv=40M,web=8M]"
+        ]
     );
     // kv needs its 24 MiB: the splits that starve it miss its target.
     assert!(s.candidates[..2].iter().all(|c| c.targets_met < 2), "{s:#?}");
     let best = s.candidates.iter().find(|c| c.name == s.best).unwrap();
     assert_eq!(best.targets_met, 2);
-    assert!(s.candidates.iter().all(|c| c.targets_met < 2 || c.throughput_ops_s <= best.throughput_ops_s), "{s:#?}");
+    assert!(
+        s.candidates.iter().all(|c| c.targets_met < 2 || c.throughput_ops_s <= best.throughput_ops_s),
+        "{s:#?}"
+    );
     assert!(res.all_passed(), "{:#?}", res.checks);
     assert!(report::summary_json(&res).contains("\"searches\""));
 }

@@ -64,7 +64,9 @@ impl From<CacheError> for ApiError {
     fn from(e: CacheError) -> Self {
         let status = match &e {
             CacheError::UnknownVm(_) | CacheError::UnknownPool(_) => StatusCode::NOT_FOUND,
-            CacheError::VmExists(_) | CacheError::TooManyPools(_) => StatusCode::CONFLICT,
+            CacheError::VmExists(_) | CacheError::TooManyPools(_) | CacheError::HostPoolLimit => {
+                StatusCode::CONFLICT
+            }
             CacheError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         };
@@ -157,6 +159,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vms/{vm}", get(get_vm).delete(remove_vm))
         .route("/v1/vms/{vm}/weights", put(set_weights))
         .route("/v1/vms/{vm}/tokens", axum::routing::post(replace_tokens))
+        .route("/v1/vms/{vm}/quota", put(set_quota))
         .route("/v1/vm/pools", get(list_pools).post(create_pool))
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
@@ -306,6 +309,10 @@ pub struct VmInfo {
     pub id: u32,
     pub weights: VmWeights,
     pub pools: usize,
+    /// The VM's pool quota.
+    pub max_pools: usize,
+    /// The de-duplication group it shares content with; `None`: its own domain.
+    pub dedup_group: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -313,6 +320,8 @@ pub struct VmInfo {
 struct NewVm {
     id: u32,
     weights: Option<VmWeights>,
+    max_pools: Option<usize>,
+    dedup_group: Option<String>,
     data_token: Option<String>,
     admin_token: Option<String>,
 }
@@ -328,7 +337,14 @@ pub struct VmCredentials {
 
 fn vm_info(s: &ServerState, vm: VmId) -> Result<VmInfo, CacheError> {
     let weights = s.cache.vms().into_iter().find(|(id, _)| *id == vm).ok_or(CacheError::UnknownVm(vm))?.1;
-    Ok(VmInfo { id: vm.0, weights, pools: s.cache.pools(vm)?.len() })
+    let group = s.dedup_group_of(vm);
+    Ok(VmInfo {
+        id: vm.0,
+        weights,
+        pools: s.cache.pools(vm)?.len(),
+        max_pools: s.cache.vm_pool_quota(vm)?,
+        dedup_group: (!group.is_empty()).then_some(group),
+    })
 }
 
 async fn list_vms(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<VmInfo>>> {
@@ -345,8 +361,14 @@ async fn add_vm(
     host_auth(&s, &headers)?;
     let Json(n) = body?;
     let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, None)?;
-    let cfg =
-        VmConfig { id: n.id, weights: n.weights.unwrap_or(VmWeights::equal(100)), data_token, admin_token };
+    let cfg = VmConfig {
+        id: n.id,
+        weights: n.weights.unwrap_or(VmWeights::equal(100)),
+        data_token,
+        admin_token,
+        max_pools: n.max_pools,
+        dedup_group: n.dedup_group.unwrap_or_default(),
+    };
     let cfg2 = cfg.clone();
     blocking(&s, move |s| s.add_vm(&cfg2)).await?;
     Ok((
@@ -416,6 +438,30 @@ async fn replace_tokens(
     })
     .await?;
     Ok(Json(VmCredentials { id: vm, weights: info.weights, data_token, admin_token }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Quota {
+    max_pools: usize,
+}
+
+/// Sets a VM's pool quota (pools beyond a lowered quota stay; the VM creates none until under it).
+async fn set_quota(
+    State(s): St,
+    headers: HeaderMap,
+    vm: Result<Path<u32>, PathRejection>,
+    body: Result<Json<Quota>, JsonRejection>,
+) -> ApiResult<Json<VmInfo>> {
+    host_auth(&s, &headers)?;
+    let Path(vm) = vm?;
+    let Json(q) = body?;
+    let info = blocking(&s, move |s| {
+        s.cache.set_vm_pool_quota(VmId(vm), q.max_pools)?;
+        vm_info(s, VmId(vm))
+    })
+    .await?;
+    Ok(Json(info))
 }
 
 async fn get_vm(

@@ -33,14 +33,16 @@ pub struct RunArgs {
     /// Overrides the scenario's seed.
     #[arg(long)]
     seed: Option<u64>,
-    /// Directory for the SSD store's scratch file (default: /dev/shm if writable, else the temp dir).
+    /// Directory for the SSD store's unnamed scratch file (default: /dev/shm when the run fits in memory
+    /// with it there, else /var/tmp). A memory-backed directory counts as memory.
     #[arg(long)]
     scratch_dir: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-    /// Variants run side by side on up to this many threads (default: one per core). Each has its own
-    /// engine, so the outputs do not depend on it; memory use grows with it.
+    /// Variants run side by side on up to this many threads (default: one per core), never more than fit
+    /// in the memory available above 20% of the total. Each has its own engine, so the outputs do not
+    /// depend on it.
     #[arg(long)]
     jobs: Option<usize>,
     /// Run against a running daemon's data plane (`unix:PATH` or `tcp:HOST:PORT`) instead of the
@@ -55,17 +57,41 @@ pub struct RunArgs {
     token: Option<String>,
 }
 
+/// Standard output that stops writing, quietly, once its reader is gone (`lab run ... | head`): the
+/// outputs are files, the lines are a courtesy, and a closed pipe must not turn a run into a panic.
+struct Out {
+    closed: bool,
+}
+
+impl Out {
+    fn line(&mut self, text: std::fmt::Arguments<'_>) {
+        use std::io::Write;
+        if self.closed {
+            return;
+        }
+        let mut o = std::io::stdout().lock();
+        if let Err(e) = o.write_fmt(text).and_then(|()| o.write_all(b"\n")).and_then(|()| o.flush()) {
+            // Any write error means nobody reads: stop printing (a broken pipe is the usual one).
+            self.closed = true;
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                eprintln!("doubledecker lab: standard output: {e}");
+            }
+        }
+    }
+}
+
 pub fn run(cmd: LabCommand) -> Result<()> {
+    let mut out = Out { closed: false };
     match cmd {
         LabCommand::List => {
             for (name, _) in bundled::SCENARIOS {
                 let s = bundled::get(name)?;
                 let first = s.description.trim().lines().next().unwrap_or("").to_string();
-                println!(
+                out.line(format_args!(
                     "{name:<28} {} variant(s), {} check(s)  {first}",
                     s.variant_list().len(),
                     s.checks.len()
-                );
+                ));
             }
             Ok(())
         }
@@ -96,8 +122,9 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                     scratch_dir: a.scratch_dir.clone(),
                     daemon: daemon.clone(),
                     jobs: a.jobs,
+                    host_memory: None,
                 };
-                let res = run_one(sc, &opts, &dir, a.quiet)?;
+                let res = run_one(sc, &opts, &dir, a.quiet, &mut out)?;
                 if !res.all_passed() {
                     failed.push(sc.name.clone());
                 }
@@ -107,7 +134,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 let refs: Vec<(&str, &dd_lab::ScenarioResult)> =
                     results.iter().map(|(n, r)| (n.as_str(), r)).collect();
                 dd_lab::plot::write_index(&refs, &a.out)?;
-                println!("index: {}", a.out.join("index.html").display());
+                out.line(format_args!("index: {}", a.out.join("index.html").display()));
             }
             if !failed.is_empty() {
                 bail!("checks failed in: {}", failed.join(", "));
@@ -128,7 +155,58 @@ fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
     Ok((sc, p.parent().map(Path::to_path_buf)))
 }
 
-fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<dd_lab::ScenarioResult> {
+/// Says what the memory plan is (stderr, unless quiet): the estimate, the jobs and the scratch file.
+fn report_plan(sc: &Scenario, p: &dd_lab::Prepared, opts: &RunOptions, quiet: bool) {
+    use dd_lab::budget::gib;
+    let plan = &p.plan;
+    let want = opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let nvar = plan.estimates.len();
+    if plan.jobs < want.min(nvar) {
+        // Always said: the user asked for more (or has more cores) than fit.
+        eprintln!(
+            "{}: {} variant(s) side by side instead of {} (what fits in {} of memory above the 20% margin)",
+            sc.name,
+            plan.jobs,
+            want.min(nvar),
+            gib(plan.host.budget_bytes())
+        );
+    }
+    if quiet {
+        return;
+    }
+    let scratch = if opts.daemon.is_some() || plan.estimates.iter().all(|e| e.scratch_bytes == 0) {
+        String::new()
+    } else {
+        format!(", SSD scratch in {} (memory-backed)", plan.scratch_dir.display())
+    };
+    eprintln!(
+        "{}: estimated peak memory {} with {} variant(s) side by side, {} available of {}{scratch}",
+        sc.name,
+        gib(plan.peak_bytes),
+        plan.jobs,
+        gib(plan.host.available_bytes),
+        gib(plan.host.total_bytes),
+    );
+}
+
+/// The process's peak resident memory (`VmHWM`), if the kernel says.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:")?.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|k| k * 1024)
+}
+
+fn run_one(
+    sc: &Scenario,
+    opts: &RunOptions,
+    dir: &Path,
+    quiet: bool,
+    out: &mut Out,
+) -> Result<dd_lab::ScenarioResult> {
+    let prepared = dd_lab::prepare(sc, opts).with_context(|| format!("scenario {}", sc.name))?;
+    report_plan(sc, &prepared, opts, quiet);
     // Progress is per run: a searching variant runs each of its candidates.
     let nvar = sc.run_list().len() as u64;
     let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(nvar * 1000) };
@@ -142,7 +220,7 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     let started = Instant::now();
     // Variants may run side by side: the bar is the sum of their fractions, the message the running ones.
     let mut done = vec![0f64; names.len()];
-    let res = dd_lab::run_scenario(sc, opts, &mut |vi, f| {
+    let res = dd_lab::run_prepared(&prepared, opts, &mut |vi, f| {
         if let Some(d) = done.get_mut(vi) {
             *d = f;
         }
@@ -160,18 +238,19 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     let wall = started.elapsed().as_secs_f64();
     dd_lab::report::write_data(&res, dir)?;
     dd_lab::plot::write_plots_and_report(&res, dir)?;
-    // Wall-clock figures go to the terminal only (never into summary.json / timeseries.csv).
-    println!(
-        "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), outputs in {}",
+    // Wall-clock and memory figures go to the terminal only (never into summary.json / timeseries.csv).
+    out.line(format_args!(
+        "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), peak RSS {} MiB, outputs in {}",
         sc.name,
         res.runs.len(),
         wall,
         res.accesses() as f64 / 1e6,
         res.accesses() as f64 / wall.max(1e-9) / 1e6,
+        peak_rss_bytes().map_or_else(|| "?".to_string(), |b| (b >> 20).to_string()),
         dir.display()
-    );
+    ));
     for c in &res.checks {
-        println!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
+        out.line(format_args!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail));
     }
     Ok(res)
 }

@@ -109,7 +109,8 @@ fn admin_api_matches_its_openapi_document() {
     let doc: Value = serde_yaml::from_str(&text).unwrap();
     let v1 = vm(1);
     // Co-operative de-duplication on (no peers) so its routes answer 200.
-    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\npeer_secret = \"peer-secret-0123456789\"\n";
+    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\ndedup_group = \"peers\"\n\
+                peer_secret = \"peer-secret-0123456789\"\n";
     let d = Daemon::start_with(&[&v1], "", "capacity_bytes = 16777216\ndedup = true\n", coop);
     let mut c = Checker { doc, d, covered: BTreeSet::new() };
     let h = Some(HOST_TOKEN);
@@ -124,13 +125,19 @@ fn admin_api_matches_its_openapi_document() {
     assert_eq!(c.call("PATCH", "/v1/host", h, Some(json!({"eviction_batch_bytes": 1}))).0, 400);
     assert_eq!(c.call("PATCH", "/v1/host", t1, Some(json!({}))).0, 401);
 
-    let (s, cred) = c.call("POST", "/v1/vms", h, Some(json!({"id": 2, "weights": {"mem": 50, "ssd": 10}})));
+    let (s, cred) = c.call(
+        "POST",
+        "/v1/vms",
+        h,
+        Some(json!({"id": 2, "weights": {"mem": 50, "ssd": 10}, "max_pools": 8, "dedup_group": "g"})),
+    );
     assert_eq!(s, 201);
     let t2 = cred["admin_token"].as_str().unwrap().to_string();
     assert_eq!(c.call("POST", "/v1/vms", h, Some(json!({"id": 2}))).0, 409);
     assert_eq!(c.call("POST", "/v1/vms", h, Some(json!({"id": 3, "data_token": "short"}))).0, 400);
     assert_eq!(c.call("GET", "/v1/vms", h, None).1.as_array().unwrap().len(), 2);
     assert_eq!(c.call("GET", "/v1/vms/2", h, None).1["weights"]["mem"], 50);
+    assert_eq!(c.call("GET", "/v1/vms/2", h, None).1["dedup_group"], "g");
     assert_eq!(c.call("GET", "/v1/vms/9", h, None).0, 404);
     assert_eq!(c.call("GET", "/v1/vms/x", h, None).0, 400);
     assert_eq!(
@@ -138,6 +145,9 @@ fn admin_api_matches_its_openapi_document() {
         70
     );
     assert_eq!(c.call("PUT", "/v1/vms/9/weights", h, Some(json!({"mem": 1, "ssd": 1}))).0, 404);
+    assert_eq!(c.call("PUT", "/v1/vms/2/quota", h, Some(json!({"max_pools": 3}))).1["max_pools"], 3);
+    assert_eq!(c.call("PUT", "/v1/vms/2/quota", h, Some(json!({"max_pools": 0}))).0, 400);
+    assert_eq!(c.call("PUT", "/v1/vms/9/quota", h, Some(json!({"max_pools": 3}))).0, 404);
     // Token replacement: the old admin token is dead at once, the new one (returned only here) works.
     let (s, cred) =
         c.call("POST", "/v1/vms/2/tokens", h, Some(json!({"data_token": "data-token-vm2-rotated"})));
@@ -202,8 +212,10 @@ fn the_checker_catches_drift() {
     let mut root = json!({ "components": doc["components"].clone() });
     root["allOf"] = json!([schema]);
     let v = jsonschema::validator_for(&root).unwrap();
-    assert!(v.is_valid(&json!({"id": 1, "weights": {"mem": 1, "ssd": 2}, "pools": 0})));
-    assert!(!v.is_valid(&json!({"id": 1, "weights": {"mem": 1, "ssd": 2}, "pools": 0, "extra": 1})));
-    assert!(!v.is_valid(&json!({"id": 1, "weights": {"mem": 1, "ssd": 2}})));
-    assert!(!v.is_valid(&json!({"id": -1, "weights": {"mem": 1, "ssd": 2}, "pools": 0})));
+    let w = json!({"mem": 1, "ssd": 2});
+    assert!(v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4})));
+    assert!(v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4, "dedup_group": null})));
+    assert!(!v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4, "extra": 1})));
+    assert!(!v.is_valid(&json!({"id": 1, "weights": w, "max_pools": 4})));
+    assert!(!v.is_valid(&json!({"id": -1, "weights": w, "pools": 0, "max_pools": 4})));
 }

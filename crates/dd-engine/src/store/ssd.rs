@@ -2,8 +2,8 @@
 //!
 //! # What it owns
 //!
-//! * The backing file (`SsdOptions::path`), `slots() * page_size()` bytes, opened with `O_DIRECT` where the
-//!   file system allows it and re-initialised at every [`SsdStore::open`]: **the store always starts
+//! * The backing file (`SsdOptions::path`, or an unnamed scratch file; opening it is `store::ssd_file`'s
+//!   business), `slots() * page_size()` bytes, opened with `O_DIRECT` where the file system allows it and re-initialised at every [`SsdStore::open`]: **the store always starts
 //!   empty**. Nothing written before a restart is ever served, because the store cannot vouch for it (SPEC
 //!   section 4); the old contents are discarded (the file is truncated to zero and re-extended), so a
 //!   stray read of an old slot returns zeros, never an old page. Nothing is ever `fsync`ed: the contents
@@ -53,6 +53,7 @@
 //! are lock-free queues. Condition variables: `work` (the writer waits for queued writes) and `progress`
 //! (writers blocked by back-pressure, `sync`), both used with `state`.
 
+use super::ssd_file::{open_file, reserve};
 use crate::config::{DirectIo, IoBackend};
 use crate::error::StoreError;
 use crossbeam_queue::ArrayQueue;
@@ -60,11 +61,11 @@ use io_uring::{opcode, types, IoUring};
 use parking_lot::{Condvar, Mutex};
 use std::alloc::{self, Layout};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -74,8 +75,11 @@ use std::thread::JoinHandle;
 /// Options of an SSD store.
 #[derive(Debug, Clone)]
 pub struct SsdOptions {
-    /// The backing file; created if missing, re-initialised if present.
+    /// The backing file; created if missing, re-initialised if present. With `scratch`, the directory
+    /// in which an unnamed file is created instead (`store::ssd_file`).
     pub path: PathBuf,
+    /// The file has no name: nothing is left behind by any exit, a crash or SIGKILL included.
+    pub scratch: bool,
     /// Initial number of page slots.
     pub slots: u32,
     /// Bytes per slot: a power of two from 512 to 65536.
@@ -200,8 +204,9 @@ fn bump(counter: &AtomicU64, by: u64) {
 }
 
 impl SsdStore {
-    /// Creates the file at `opts.path`, or truncates and re-initialises it, to `slots * page_size` bytes
-    /// (space is reserved with `fallocate` where the file system supports it).
+    /// Creates the file at `opts.path` (or an unnamed one in that directory with `opts.scratch`), or
+    /// truncates and re-initialises it, to `slots * page_size` bytes (space is reserved with `fallocate`
+    /// where the file system supports it and is not memory-backed; `store::ssd_file`).
     ///
     /// The store **always starts empty**: it never serves a page from before a restart, because it cannot
     /// vouch for one; the old contents are discarded.
@@ -922,103 +927,8 @@ fn file_len(slots: u32, page_size: usize) -> Result<u64, StoreError> {
     Ok(len)
 }
 
-/// Opens (and re-initialises) the store file; returns it, whether `O_DIRECT` is on, and the memory
-/// alignment a caller's buffer needs for I/O on it.
-fn open_file(opts: &SsdOptions, len: u64) -> io::Result<(File, bool, usize)> {
-    let open = |direct: bool| {
-        let mut oo = OpenOptions::new();
-        oo.read(true).write(true).create(true);
-        if direct {
-            oo.custom_flags(libc::O_DIRECT);
-        }
-        oo.open(&opts.path)
-    };
-    // Discard the old contents first: whatever happens next, no old page can be read back.
-    let file = open(false)?;
-    file.set_len(0)?;
-    reserve(&file, 0, len)?;
-    // Slots are read at random: readahead of neighbouring slots would only waste I/O and page cache
-    // (buffered mode; direct I/O never reads ahead). A hint, so a refusal does not matter.
-    // SAFETY: posix_fadvise on a valid fd; offset 0 and length 0 cover the whole file.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-    if opts.direct_io == DirectIo::Off {
-        return Ok((file, false, 1));
-    }
-    let refused = |why: String| {
-        if opts.direct_io == DirectIo::On {
-            Err(io::Error::new(io::ErrorKind::Unsupported, format!("direct i/o refused: {why}")))
-        } else {
-            tracing::info!(path = %opts.path.display(), why, "direct i/o unavailable, using buffered i/o");
-            Ok(())
-        }
-    };
-    let direct = match open(true) {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            refused(format!("open with O_DIRECT: {e}"))?;
-            return Ok((file, false, 1));
-        }
-        Err(e) => return Err(e),
-    };
-    let (mem_align, offset_align) = dio_alignment(&direct).unwrap_or((4096, 512));
-    if !offset_align.is_power_of_two()
-        || !opts.page_size.is_multiple_of(offset_align)
-        || !mem_align.is_power_of_two()
-    {
-        refused(format!(
-            "the file system's direct-i/o alignment (memory {mem_align}, offset {offset_align}) does not fit \
-             pages of {} bytes",
-            opts.page_size
-        ))?;
-        return Ok((file, false, 1));
-    }
-    // Probe one real transfer: some file systems accept the flag and refuse the I/O.
-    if len > 0 {
-        let mut probe = AlignedBuf::new(opts.page_size, opts.page_size.max(mem_align));
-        let r = direct.write_all_at(&probe, 0).and_then(|()| direct.read_exact_at(&mut probe, 0));
-        if let Err(e) = r {
-            refused(format!("probe transfer: {e}"))?;
-            return Ok((file, false, 1));
-        }
-    }
-    Ok((direct, true, mem_align))
-}
-
-/// `(memory, offset)` alignment of direct I/O on `file` as the kernel reports it (`statx`, Linux 6.1+);
-/// `(0, 0)` if the file does not support direct I/O, `None` if the kernel does not say.
-fn dio_alignment(file: &File) -> Option<(usize, usize)> {
-    // SAFETY: `statx` is plain data for which all-zero bytes is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid fd, a NUL-terminated empty path with AT_EMPTY_PATH, and a pointer to a `statx` we
-    // own that the kernel fills.
-    let r = unsafe {
-        libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
-    };
-    if r != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
-        return None;
-    }
-    Some((stx.stx_dio_mem_align as usize, stx.stx_dio_offset_align as usize))
-}
-
-/// Extends `file` from `from` to `to` bytes, reserving the blocks where the file system supports it, so a
-/// full disk shows up here rather than as failed background writes.
-fn reserve(file: &File, from: u64, to: u64) -> io::Result<()> {
-    if to > from {
-        // SAFETY: fallocate on a valid fd with in-range offsets (checked against i64::MAX by file_len).
-        let r =
-            unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, (to - from) as libc::off_t) };
-        if r != 0 {
-            let e = io::Error::last_os_error();
-            if !matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) {
-                return Err(e);
-            }
-        }
-    }
-    file.set_len(to)
-}
-
 /// A zeroed heap buffer with a chosen alignment (for `O_DIRECT`).
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: NonNull<u8>,
     layout: Layout,
 }
@@ -1029,7 +939,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    fn new(len: usize, align: usize) -> AlignedBuf {
+    pub(crate) fn new(len: usize, align: usize) -> AlignedBuf {
         let layout = match Layout::from_size_align(len, align) {
             Ok(layout) if len > 0 => layout,
             _ => panic!("invalid page buffer layout: {len} bytes aligned to {align}"),
@@ -1132,6 +1042,7 @@ mod tests {
     fn options(dir: &Path, slots: u32, direct_io: DirectIo, io_backend: IoBackend) -> SsdOptions {
         SsdOptions {
             path: dir.join("store.bin"),
+            scratch: false,
             slots,
             page_size: PS,
             direct_io,

@@ -62,7 +62,8 @@ fn curves_plot(res: &ScenarioResult, run: &crate::sim::RunResult, path: &Path) -
     let rows = n.div_ceil(cols);
     let root = BitMapBackend::new(path, (900, 300 * rows as u32 + 40)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
-    let title = format!("{}: curves at the last decision and the allocation ({})", res.scenario.name, run.variant);
+    let title =
+        format!("{}: curves at the last decision and the allocation ({})", res.scenario.name, run.variant);
     let (top, body) = root.split_vertically(40);
     top.draw_text(&title, &("sans-serif", 18).into_text_style(&top), (10, 10)).map_err(perr)?;
     let panels = body.split_evenly((rows, cols));
@@ -123,7 +124,9 @@ fn curves_plot(res: &ScenarioResult, run: &crate::sim::RunResult, path: &Path) -
                 .draw_series(DashedLineSeries::new(vec![(x, 0.0), (x, 1.02)], 5, 4, color.stroke_width(1)))
                 .map_err(perr)?
                 .label(label)
-                .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 16, ly)], color.stroke_width(1)));
+                .legend(move |(lx, ly)| {
+                    PathElement::new(vec![(lx, ly), (lx + 16, ly)], color.stroke_width(1))
+                });
         }
         chart
             .configure_series_labels()
@@ -200,7 +203,11 @@ fn target_plot(res: &ScenarioResult, name: &str, t: &Target, path: &Path) -> Res
 }
 
 /// Every candidate of a search: total throughput, darker the more targets it met; the best marked.
-fn search_plot(res: &ScenarioResult, s: &crate::report::provision::SearchResult, path: &Path) -> Result<(), LabError> {
+fn search_plot(
+    res: &ScenarioResult,
+    s: &crate::report::provision::SearchResult,
+    path: &Path,
+) -> Result<(), LabError> {
     register_font();
     let root = BitMapBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
@@ -209,7 +216,10 @@ fn search_plot(res: &ScenarioResult, s: &crate::report::provision::SearchResult,
     let most = s.candidates.iter().map(|c| c.targets_met).max().unwrap_or(0).max(1);
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("{}: search {} ({} candidates; shade = targets met, red = best)", res.scenario.name, s.variant, n),
+            format!(
+                "{}: search {} ({} candidates; shade = targets met, red = best)",
+                res.scenario.name, s.variant, n
+            ),
             ("sans-serif", 16),
         )
         .margin(10)

@@ -66,7 +66,13 @@ fn standing(
 }
 
 /// Of a container's page accesses in the window, the fraction not read from the disk.
-fn hit_ratio(runs: &[RunResult], run: &str, name: &str, from: Option<f64>, to: Option<f64>) -> Result<f64, String> {
+fn hit_ratio(
+    runs: &[RunResult],
+    run: &str,
+    name: &str,
+    from: Option<f64>,
+    to: Option<f64>,
+) -> Result<f64, String> {
     let r = runs.iter().find(|r| r.variant == run).ok_or_else(|| format!("no variant {run}"))?;
     let ct = r.containers.iter().position(|c| c.0 == name).ok_or_else(|| format!("no container {name}"))?;
     let (from, to) = (from.unwrap_or(0.0), to.unwrap_or(r.duration_s));
@@ -113,8 +119,12 @@ pub fn collapse(sc: &Scenario, ran: &[Variant], runs: Vec<RunResult>) -> (Vec<Ru
             }
             continue;
         };
-        let members: Vec<usize> =
-            ran.iter().enumerate().filter(|(_, r)| r.search_of.as_deref() == Some(&v.name)).map(|(i, _)| i).collect();
+        let members: Vec<usize> = ran
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.search_of.as_deref() == Some(&v.name))
+            .map(|(i, _)| i)
+            .collect();
         let all: Vec<RunResult> = members.iter().filter_map(|&i| slots[i].clone()).collect();
         let mut cands = Vec::new();
         for r in &all {
@@ -132,19 +142,29 @@ pub fn collapse(sc: &Scenario, ran: &[Variant], runs: Vec<RunResult>) -> (Vec<Ru
                 .iter()
                 .filter(|c| c.2)
                 .filter_map(|c| {
-                    measure(&all, &window_measure(&r.variant, &c.0, Metric::Throughput, search.from_s, search.to_s))
-                        .ok()
+                    measure(
+                        &all,
+                        &window_measure(&r.variant, &c.0, Metric::Throughput, search.from_s, search.to_s),
+                    )
+                    .ok()
                 })
                 .sum();
-            cands.push(Candidate { name: r.variant.clone(), targets_met: met, throughput_ops_s: x, violation_s: viol });
+            cands.push(Candidate {
+                name: r.variant.clone(),
+                targets_met: met,
+                throughput_ops_s: x,
+                violation_s: viol,
+            });
         }
         let better = |a: &Candidate, b: &Candidate| match search.pick {
             Pick::Throughput => (a.targets_met, a.throughput_ops_s) > (b.targets_met, b.throughput_ops_s),
             Pick::Violation => {
-                a.violation_s < b.violation_s || (a.violation_s == b.violation_s && a.throughput_ops_s > b.throughput_ops_s)
+                a.violation_s < b.violation_s
+                    || (a.violation_s == b.violation_s && a.throughput_ops_s > b.throughput_ops_s)
             }
         };
-        let Some(best) = (0..cands.len()).reduce(|b, i| if better(&cands[i], &cands[b]) { i } else { b }) else {
+        let Some(best) = (0..cands.len()).reduce(|b, i| if better(&cands[i], &cands[b]) { i } else { b })
+        else {
             continue;
         };
         if let Some(mut r) = slots[members[best]].take() {
@@ -154,7 +174,11 @@ pub fn collapse(sc: &Scenario, ran: &[Variant], runs: Vec<RunResult>) -> (Vec<Ru
         for c in &mut cands {
             c.throughput_ops_s = (c.throughput_ops_s * 1000.0).round() / 1000.0;
         }
-        searches.push(SearchResult { variant: v.name.clone(), best: cands[best].name.clone(), candidates: cands });
+        searches.push(SearchResult {
+            variant: v.name.clone(),
+            best: cands[best].name.clone(),
+            candidates: cands,
+        });
     }
     (out, searches)
 }
@@ -203,7 +227,11 @@ pub fn eval_targets(sc: &Scenario, runs: &[RunResult], c: &TargetsCheck) -> Resu
 }
 
 /// `violation`: the variant's total time below target is at most `max_ratio` of the baseline's.
-pub fn eval_violation(sc: &Scenario, runs: &[RunResult], c: &ViolationCheck) -> Result<(bool, String), String> {
+pub fn eval_violation(
+    sc: &Scenario,
+    runs: &[RunResult],
+    c: &ViolationCheck,
+) -> Result<(bool, String), String> {
     let find = |v: &str| runs.iter().find(|r| r.variant == v).ok_or_else(|| format!("no variant {v}"));
     let (run, base) = (find(&c.variant)?, find(&c.baseline)?);
     let (from, to) = (c.from_s.unwrap_or(0.0), c.to_s.unwrap_or(run.duration_s));
