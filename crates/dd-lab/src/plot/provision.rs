@@ -159,10 +159,13 @@ fn limits_plot(res: &ScenarioResult, run: &crate::sim::RunResult, path: &Path) -
     time_chart(path, &title, "MiB", run.duration_s, ymax * 1.1, &[], lines)
 }
 
+/// What a target plot draws per sample.
+type SampleValue = Box<dyn Fn(&crate::sim::Sample) -> f64>;
+
 /// A container's throughput (or latency) per sample in every variant, and its target.
 fn target_plot(res: &ScenarioResult, name: &str, t: &Target, path: &Path) -> Result<(), LabError> {
     let dt = res.scenario.sample_interval_s;
-    let (value, goal, unit): (Box<dyn Fn(&crate::sim::Sample) -> f64>, f64, &str) = match *t {
+    let (value, goal, unit): (SampleValue, f64, &str) = match *t {
         Target::Throughput { ops_s } => (Box::new(move |s| s.ops as f64 / dt), ops_s, "ops/s"),
         Target::MeanLatency { ms } => (
             Box::new(|s| if s.ops > 0 { s.lat_ns as f64 / s.ops as f64 / 1e6 } else { 0.0 }),

@@ -260,7 +260,7 @@ impl<B: SecondChance> Sim<B> {
         }
         let current: Option<Vec<Allocation>> = current.into_iter().collect();
         let plan = provision(&inputs, current.as_deref(), &lat, &budget, &st.cfg.decision)
-            .map_err(|e| LabError::invalid("vms.provision", &e.to_string()))?;
+            .map_err(|e| LabError::invalid("vms.provision", e.to_string()))?;
         let t_s = self.now as f64 / NS;
         let mut decided = Vec::with_capacity(members.len());
         let each = inputs.into_iter().zip(measured).zip(shown);
