@@ -42,6 +42,9 @@ pub struct ServerState {
     /// The co-operative layer, once started by [`crate::run`].
     pub coop: std::sync::OnceLock<std::sync::Arc<crate::coop::Coop>>,
     shutting_down: AtomicBool,
+    /// De-duplication group names and their engine numbers; each VM's group name (leaves).
+    dedup_groups: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
+    dedup_group_names: parking_lot::Mutex<std::collections::HashMap<VmId, String>>,
 }
 
 impl ServerState {
@@ -67,6 +70,8 @@ impl ServerState {
             coop_enabled: cfg.coop.enabled,
             coop: std::sync::OnceLock::new(),
             shutting_down: AtomicBool::new(false),
+            dedup_groups: Default::default(),
+            dedup_group_names: Default::default(),
         };
         for vm in &cfg.vms {
             state.add_vm(vm).map_err(ServerError::Engine)?;
@@ -83,6 +88,11 @@ impl ServerState {
                 return Err(e);
             }
         }
+        if !vm.dedup_group.is_empty() {
+            let g = self.dedup_group_id(&vm.dedup_group);
+            self.cache.set_vm_dedup_group(VmId(vm.id), Some(g))?;
+        }
+        self.dedup_group_names.lock().insert(VmId(vm.id), vm.dedup_group.clone());
         Ok(self.registry.insert(VmId(vm.id), &vm.data_token, &vm.admin_token))
     }
 
@@ -92,7 +102,20 @@ impl ServerState {
         if !self.registry.remove(vm) {
             return Err(CacheError::UnknownVm(vm));
         }
+        self.dedup_group_names.lock().remove(&vm);
         self.cache.remove_vm(vm)
+    }
+
+    /// The engine's number of a de-duplication group name (stable for the daemon's life).
+    pub fn dedup_group_id(&self, name: &str) -> u32 {
+        let mut g = self.dedup_groups.lock();
+        let n = g.len() as u32 + 1;
+        *g.entry(name.to_string()).or_insert(n)
+    }
+
+    /// The de-duplication group of a VM ("" for its own domain).
+    pub fn dedup_group_of(&self, vm: VmId) -> String {
+        self.dedup_group_names.lock().get(&vm).cloned().unwrap_or_default()
     }
 
     /// Replaces a VM's tokens (its pools stay): every session and admin credential of the old tokens
