@@ -747,8 +747,13 @@ impl Scenario {
     }
 
     /// Whether any spec of the run (containers' caches and swap caches, timeline changes) puts pages in
-    /// `store`.
+    /// `store`, or a provisioner that sets pool specs runs (it may move a container to either store).
     pub fn uses_store(&self, store: dd_engine::StoreKind) -> bool {
+        let provisioned =
+            self.vms.iter().any(|vm| vm.provision.as_ref().is_some_and(|p| p.enabled && p.cache));
+        if provisioned {
+            return true;
+        }
         let containers = self.vms.iter().flat_map(|vm| &vm.containers);
         let specs = containers.flat_map(|c| std::iter::once(c.cache).chain(c.swap_cache));
         let changes = self.timeline.iter().filter_map(|e| match e {

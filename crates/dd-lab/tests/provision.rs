@@ -201,3 +201,22 @@ fn targets_and_violation_checks_say_what_they_measured() {
     let bad = Scenario::from_toml(&text.replace("entities = [\"kv\"]", "entities = [\"nope\"]"));
     assert!(bad.unwrap_err().to_string().contains("entities"));
 }
+
+/// A run leaves out an SSD store that no spec uses (its file would take its whole capacity). The
+/// provisioner sets pool specs at run time, so a VM that starts on the memory store may be moved to a
+/// hybrid spec: the store was left out, the hybrid pool put nothing on SSD, and
+/// thesis5-fig5.2-5.6-hybrid's `auto` variant fell to the memory-only throughput.
+#[test]
+fn regression_a_provisioned_vm_keeps_the_ssd_store_its_plan_may_use() {
+    let text = format!(
+        "{}ssd_capacity_mib = 64\n[[vms]]\nname = \"vm\"\nmemory_mib = 16\n[vms.provision]\n\
+         [[vms.containers]]\nname = \"web\"\ncache = {{ type = \"mem\", weight = 100 }}\n\
+         target = {{ kind = \"throughput\", ops_s = 1 }}\nworkload = {{ kind = \"webserver\" }}\n",
+        head(4.0)
+    );
+    let sc = Scenario::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(sc.uses_store(dd_engine::StoreKind::Ssd), "the provisioner may move web to the SSD store");
+    let off = Scenario::from_toml(&text.replace("[vms.provision]\n", "[vms.provision]\nenabled = false\n"))
+        .unwrap();
+    assert!(!off.uses_store(dd_engine::StoreKind::Ssd), "no provisioner, no SSD spec: no SSD store");
+}
