@@ -30,9 +30,12 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
         GuestCommand::Watch(a) => {
             let cfg = WatchConfig::from_file(&a.config)?;
             let interval = Duration::from_millis(cfg.poll_interval_ms);
-            let mut w = Watcher::new(cfg).context("connecting to the daemon")?;
+            let mut w = Watcher::new(cfg)?;
             if a.once {
                 let ch = w.round()?;
+                if ch.away {
+                    anyhow::bail!("the daemon at {} cannot be reached", w.config().endpoint().address());
+                }
                 println!("{}", serde_json::to_string(&ch)?);
                 return Ok(());
             }
@@ -42,6 +45,15 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
             }
             while !stop.load(Ordering::Relaxed) {
                 let ch = w.round()?;
+                if !ch.lost.is_empty() {
+                    eprintln!(
+                        "guest watch: the daemon restarted; creating the pools of {} again",
+                        ch.lost.join(", ")
+                    );
+                }
+                for n in &ch.adopted {
+                    eprintln!("guest watch: {n}: pool {} adopted", w.pools()[n].pool.0);
+                }
                 for n in &ch.created {
                     eprintln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
                 }
