@@ -71,7 +71,7 @@ fn start(
 ) -> Result<Daemon, DaemonError> {
     let extra = format!(
         "dedup = true\n[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\n\
-         listen = \"127.0.0.1:{}\"\nnode_name = {:?}\npeer_secret = \"bench-peer-secret-000001\"\n\
+         listen = \"127.0.0.1:{}\"\nnode_name = {:?}\ndedup_group = \"peers\"\npeer_secret = \"bench-peer-secret-000001\"\n\
          peers = [{{ name = {:?}, addr = \"127.0.0.1:{}\" }}]\npublish_interval_ms = 3600000\n\
          remotify_queue_pages = {}\n[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n",
         me.1,
@@ -106,7 +106,8 @@ pub fn run(o: &RemoteBenchOptions) -> Result<RemoteBenchReport, RemoteBenchError
     if o.pages <= C_PAGES {
         return Err(RemoteBenchError::Check(format!("pages must exceed {C_PAGES}")));
     }
-    let vm = BenchVm::new(1);
+    // The VM's pages are shared with peers: it is in the co-operative group.
+    let vm = BenchVm { dedup_group: "peers".into(), ..BenchVm::new(1) };
     let (pb, pc) = (free_port()?, free_port()?);
     let b = start(o, ("b", pb), ("c", pc), o.pages + 1024, &vm)?;
     let c = start(o, ("c", pc), ("b", pb), C_PAGES, &vm)?;

@@ -124,8 +124,9 @@ struct VmNode {
     next_pool: u32,
     /// The VM's pool quota.
     max_pools: usize,
-    /// The VM's pages are de-duplicated only among themselves (`store::dedup`, side channels).
-    dedup_isolated: bool,
+    /// The de-duplication group the host administrator put the VM in; `None` (the default): the VM's
+    /// pages are de-duplicated only among themselves (`store::dedup`, side channels).
+    dedup_group: Option<u32>,
 }
 
 #[derive(Default)]
@@ -173,6 +174,12 @@ struct Shared {
     remote_tokens: AtomicU64,
     /// Pending records a pool may hold; beyond it evictions are plain.
     max_pending_per_pool: usize,
+    /// The domain co-operative de-duplication shares ([`Cache::set_coop_group`]); `NO_DOMAIN`: none.
+    coop_domain: AtomicU64,
+    /// De-dup hits and bytes saved in group domains: counted in host scope only, so that no VM's own
+    /// statistics reveal a match with another VM's content.
+    group_dedup_hits: AtomicU64,
+    group_bytes_saved: AtomicU64,
     /// Pins held for peers: pin number -> frame (a leaf lock).
     pins: Mutex<Map<u64, crate::store::mem::FrameId>>,
     next_pin: AtomicU64,
@@ -258,6 +265,9 @@ impl Cache {
             sink: std::sync::OnceLock::new(),
             remote_tokens: AtomicU64::new(1),
             max_pending_per_pool: 4096,
+            coop_domain: AtomicU64::new(NO_DOMAIN),
+            group_dedup_hits: AtomicU64::new(0),
+            group_bytes_saved: AtomicU64::new(0),
             pins: Mutex::new(Map::with_hasher(Hasher::default())),
             next_pin: AtomicU64::new(1),
             pins_granted: AtomicU64::new(0),
@@ -303,7 +313,7 @@ impl Cache {
                 share: Arc::new(VmShare::default()),
                 next_pool: 1,
                 max_pools: self.shared.max_pools_per_vm,
-                dedup_isolated: false,
+                dedup_group: None,
             },
         );
         self.shared.recompute(&mut tree);
@@ -353,16 +363,26 @@ impl Cache {
         Ok(())
     }
 
-    /// Puts the VM's pages in a de-duplication domain of their own (`true`) or in the shared one. Only
-    /// pages put afterwards are affected; pages already stored keep their frames.
-    pub fn set_vm_dedup_isolated(&self, vm: VmId, isolated: bool) -> Result<(), CacheError> {
+    /// Puts the VM's pages in a de-duplication group shared with the other VMs of that group
+    /// (`Some(group)`, host scope: the administrator accepts that these VMs can learn about each other's
+    /// content, `store::dedup`), or in a domain of its own (`None`, the default). Only pages put
+    /// afterwards are affected; pages already stored keep their frames.
+    pub fn set_vm_dedup_group(&self, vm: VmId, group: Option<u32>) -> Result<(), CacheError> {
         let mut tree = self.shared.tree.write();
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
-        node.dedup_isolated = isolated;
+        node.dedup_group = group;
         for p in node.pools.values() {
-            p.dedup_domain.store(dedup_domain(vm, isolated), Ordering::Relaxed);
+            p.dedup_domain.store(dedup_domain(vm, group), Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// The de-duplication group whose content co-operative de-duplication shares with peers: only its
+    /// pages are offered when evicted, published in the summary and pinned for peers. `None` (the
+    /// default): nothing is shared with peers.
+    pub fn set_coop_group(&self, group: Option<u32>) {
+        let d = group.map_or(NO_DOMAIN, |g| dedup_domain(VmId(0), Some(g)));
+        self.shared.coop_domain.store(d, Ordering::Relaxed);
     }
 
     /// The registered VMs and their weights.
@@ -463,7 +483,7 @@ impl Cache {
         };
         let pool =
             Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive, node.share.clone()));
-        pool.dedup_domain.store(dedup_domain(vm, node.dedup_isolated), Ordering::Relaxed);
+        pool.dedup_domain.store(dedup_domain(vm, node.dedup_group), Ordering::Relaxed);
         node.add_weights(&opts.spec, 1);
         node.pools.insert(id, pool.clone());
         tree.pool_count += 1;
@@ -716,6 +736,8 @@ impl Cache {
             totals,
             pins_held: self.pins_held(),
             remote_dedups: self.shared.pins_granted.load(Ordering::Relaxed),
+            group_dedup_hits: self.shared.group_dedup_hits.load(Ordering::Relaxed),
+            group_bytes_saved: self.shared.group_bytes_saved.load(Ordering::Relaxed),
         }
     }
 
@@ -804,14 +826,16 @@ impl Cache {
         }
     }
 
-    /// A peer's remote compare (Algorithm 4): if a frame of the shared de-dup domain holds exactly
-    /// `data`, takes a reference on it for the peer and returns the pin number.
+    /// A peer's remote compare (Algorithm 4): if a frame of the co-operative group's domain
+    /// ([`Cache::set_coop_group`]) holds exactly `data`, takes a reference on it for the peer and returns
+    /// the pin number.
     pub fn pin(&self, hash: u128, data: &[u8]) -> Option<u64> {
         let idx = self.shared.dedup.as_ref()?;
-        if data.len() != self.shared.page_size || hash_page(data) != hash {
+        let domain = self.shared.coop_domain.load(Ordering::Relaxed);
+        if domain == NO_DOMAIN || data.len() != self.shared.page_size || hash_page(data) != hash {
             return None;
         }
-        let Lookup::Shared(f) = idx.lookup(&self.shared.mem, 0, hash, data) else { return None };
+        let Lookup::Shared(f) = idx.lookup(&self.shared.mem, domain, hash, data) else { return None };
         let pin = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
         self.shared.pins.lock().insert(pin, f);
         self.shared.pins_granted.fetch_add(1, Ordering::Relaxed);
@@ -842,9 +866,14 @@ impl Cache {
         self.shared.pins.lock().len() as u64
     }
 
-    /// Content hashes of the frames of the shared de-dup domain (the summary a daemon publishes).
+    /// Content hashes of the frames of the co-operative group's domain (the summary a daemon
+    /// publishes); none without a co-operative group.
     pub fn content_hashes(&self) -> Vec<u128> {
-        self.shared.dedup.as_ref().map(|idx| idx.hashes(0)).unwrap_or_default()
+        let domain = self.shared.coop_domain.load(Ordering::Relaxed);
+        match (&self.shared.dedup, domain) {
+            (Some(idx), d) if d != NO_DOMAIN => idx.hashes(d),
+            _ => Vec::new(),
+        }
     }
 
     /// Verifies every pool's invariants and the store reservations (tests; takes every lock in turn).
@@ -969,12 +998,16 @@ impl Drop for Cache {
     }
 }
 
-/// Domain 0 is shared by every VM that does not opt out; an isolated VM's domain is its id + 1.
-fn dedup_domain(vm: VmId, isolated: bool) -> u64 {
-    if isolated {
-        vm.0 as u64 + 1
-    } else {
-        0
+/// First domain of the de-duplication groups (a VM's own domain is its id + 1, below it).
+const GROUP_DOMAINS: u64 = 1 << 33;
+/// No domain (co-operative de-duplication shares nothing).
+const NO_DOMAIN: u64 = u64::MAX;
+
+/// A VM's own domain is its id + 1; a group's is `GROUP_DOMAINS` + the group.
+fn dedup_domain(vm: VmId, group: Option<u32>) -> u64 {
+    match group {
+        None => vm.0 as u64 + 1,
+        Some(g) => GROUP_DOMAINS + g as u64,
     }
 }
 
@@ -1191,6 +1224,18 @@ impl Shared {
     /// Places a page's bytes in the memory store: shared with an equal page (de-duplication), in half a
     /// frame (compression), or in a frame of its own. Returns the location and the bytes saved, or `None`
     /// when there is no room.
+    /// What a de-dup hit in `domain` saves the pool's statistics: the whole page in a VM's own domain;
+    /// nothing in a group's (counted in host scope instead: the match may be with another VM's page).
+    fn dedup_saving(&self, domain: u64) -> Saving {
+        let ps = self.page_size as u64;
+        if domain >= GROUP_DOMAINS {
+            self.group_dedup_hits.fetch_add(1, Ordering::Relaxed);
+            self.group_bytes_saved.fetch_add(ps, Ordering::Relaxed);
+            return Saving::default();
+        }
+        Saving { dedup_hit: true, bytes: ps }
+    }
+
     fn store_in_memory(&self, p: &Pool, data: &[u8]) -> Option<(Loc, Saving)> {
         let ps = self.page_size as u64;
         // 1. An equal page already stored is shared instead of copied.
@@ -1199,7 +1244,7 @@ impl Shared {
                 let domain = p.dedup_domain.load(Ordering::Relaxed);
                 let hash = hash_page(data);
                 if let Lookup::Shared(f) = idx.lookup(&self.mem, domain, hash, data) {
-                    return Some((Loc::Mem(f), Saving { dedup_hit: true, bytes: ps }));
+                    return Some((Loc::Mem(f), self.dedup_saving(domain)));
                 }
                 Some((idx, domain, hash))
             }
@@ -1232,7 +1277,7 @@ impl Shared {
                     self.stores[0].release(1);
                 }
                 place = used;
-                return Some((Loc::Mem(place), Saving { dedup_hit: true, bytes: ps }));
+                return Some((Loc::Mem(place), self.dedup_saving(domain)));
             }
         }
         Some((Loc::Mem(place), Saving { dedup_hit: false, bytes: saved }))
@@ -1424,7 +1469,14 @@ impl Shared {
         let mut locs = Vec::new();
         // Memory pages offered for remotification: (key, token, frame).
         let mut offers = Vec::new();
-        let sink = self.sink.get().filter(|_| store == StoreKind::Mem);
+        // Only pages of the co-operative group are offered to peers (the rule of SPEC section 6 across
+        // hosts: content leaves a VM's domain only where the administrator said so).
+        let coop = self.coop_domain.load(Ordering::Relaxed);
+        let sink = self
+            .sink
+            .get()
+            .filter(|_| store == StoreKind::Mem && coop != NO_DOMAIN)
+            .filter(|_| p.dedup_domain.load(Ordering::Relaxed) == coop);
         {
             let mut g = p.inner.lock();
             while ((locs.len() + offers.len()) as u64) < n {

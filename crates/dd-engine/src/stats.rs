@@ -188,6 +188,12 @@ pub struct HostStats {
     /// Remote de-duplications: pins ever granted to peers (remote compares that matched).
     #[serde(default)]
     pub remote_dedups: u64,
+    /// De-dup hits of pages in de-duplication groups, and the bytes they saved: host scope only (they
+    /// are not in any pool's counters, which must not reveal a match with another VM's content).
+    #[serde(default)]
+    pub group_dedup_hits: u64,
+    #[serde(default)]
+    pub group_bytes_saved: u64,
 }
 
 #[cfg(test)]

@@ -145,8 +145,10 @@ impl Harness {
             }
         }
         if dedup {
-            // One VM keeps its pages to itself: its pages must never share frames with the others'.
-            cache.set_vm_dedup_isolated(VmId(3), true).unwrap();
+            // VMs 1 and 2 share a de-duplication group; VM 3 keeps its own domain (the default): its
+            // pages must never share frames with the others'.
+            cache.set_vm_dedup_group(VmId(1), Some(1)).unwrap();
+            cache.set_vm_dedup_group(VmId(2), Some(1)).unwrap();
         }
         Harness { _dir: dir, cache, pools, version: 0, ops: 0, common_contents: dedup }
     }

@@ -685,7 +685,6 @@ impl Scenario {
         self.vms.iter().enumerate().flat_map(|(vi, vm)| vm.containers.iter().map(move |c| (vi, vm, c)))
     }
 
-    /// Checks every field; the error names the first bad one.
     /// Whether any spec of the run (containers' caches and swap caches, timeline changes) puts pages in
     /// `store`.
     pub fn uses_store(&self, store: dd_engine::StoreKind) -> bool {
@@ -698,6 +697,7 @@ impl Scenario {
         specs.chain(changes).any(|spec| spec.uses(store))
     }
 
+    /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), LabError> {
         let bad = |f: &str, m: &str| Err(LabError::invalid(f, m));
         let fin = |v: f64| v.is_finite() && v >= 0.0;

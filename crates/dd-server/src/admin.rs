@@ -332,6 +332,8 @@ pub struct VmInfo {
     pub pools: usize,
     /// The VM's pool quota.
     pub max_pools: usize,
+    /// The de-duplication group it shares content with; `None`: its own domain.
+    pub dedup_group: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -340,6 +342,7 @@ struct NewVm {
     id: u32,
     weights: Option<VmWeights>,
     max_pools: Option<usize>,
+    dedup_group: Option<String>,
     data_token: Option<String>,
     admin_token: Option<String>,
 }
@@ -355,7 +358,14 @@ pub struct VmCredentials {
 
 fn vm_info(s: &ServerState, vm: VmId) -> Result<VmInfo, CacheError> {
     let weights = s.cache.vms().into_iter().find(|(id, _)| *id == vm).ok_or(CacheError::UnknownVm(vm))?.1;
-    Ok(VmInfo { id: vm.0, weights, pools: s.cache.pools(vm)?.len(), max_pools: s.cache.vm_pool_quota(vm)? })
+    let group = s.dedup_group_of(vm);
+    Ok(VmInfo {
+        id: vm.0,
+        weights,
+        pools: s.cache.pools(vm)?.len(),
+        max_pools: s.cache.vm_pool_quota(vm)?,
+        dedup_group: (!group.is_empty()).then_some(group),
+    })
 }
 
 async fn list_vms(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<VmInfo>>> {
@@ -378,6 +388,7 @@ async fn add_vm(
         data_token,
         admin_token,
         max_pools: n.max_pools,
+        dedup_group: n.dedup_group.unwrap_or_default(),
     };
     let cfg2 = cfg.clone();
     registration_change(&s, move |s| s.add_vm(&cfg2)).await?;

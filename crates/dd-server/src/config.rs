@@ -92,6 +92,11 @@ pub struct CoopConfig {
     pub listen: String,
     /// This daemon's name among its peers; empty: the `listen` address. Default empty.
     pub node_name: String,
+    /// The de-duplication group (`vms[].dedup_group`) whose pages are shared with peers: only they are
+    /// offered when evicted, published in the summary and pinned for peers. Required when enabled.
+    /// Default empty.
+    #[serde(default)]
+    pub dedup_group: String,
     /// Shared secret every peer presents in its HELLO (at least 16 characters when enabled). Default
     /// empty.
     pub peer_secret: String,
@@ -115,6 +120,13 @@ pub struct CoopConfig {
     /// Pins of a peer not heard from for this long are released (dead peer). Default 360000
     /// (three publication periods).
     pub pin_ttl_ms: u64,
+    /// Connections to the peer listener (in their HELLO or authenticated); when all are taken a new one
+    /// displaces the oldest still in its HELLO. Default 64.
+    #[serde(default = "default_coop_max_connections")]
+    pub max_connections: usize,
+    /// Time from accept to a completed peer HELLO; slower connections are closed. Default 5000.
+    #[serde(default = "default_coop_handshake_ms")]
+    pub handshake_timeout_ms: u64,
     /// The summary: `m_bits`, `k_hashes`, `removal` (`no-unset` or `counting`). Default 8 Mi bits, 7.
     pub bloom: dd_coop::BloomConfig,
     pub etcd: EtcdConfig,
@@ -164,6 +176,18 @@ pub struct VmConfig {
     /// The VM's pool quota; default `engine.max_pools_per_vm`.
     #[serde(default)]
     pub max_pools: Option<usize>,
+    /// The de-duplication group the VM's pages share content with (its VMs can learn about each
+    /// other's content: see docs/protocol.md "Security"); empty (the default): a domain of its own.
+    #[serde(default)]
+    pub dedup_group: String,
+}
+
+fn default_coop_max_connections() -> usize {
+    64
+}
+
+fn default_coop_handshake_ms() -> u64 {
+    5000
 }
 
 fn default_weights() -> VmWeights {
@@ -367,6 +391,8 @@ impl ServerConfig {
             ("coop.request_timeout_ms", c.request_timeout_ms),
             ("coop.connect_timeout_ms", c.connect_timeout_ms),
             ("coop.pin_ttl_ms", c.pin_ttl_ms),
+            ("coop.handshake_timeout_ms", c.handshake_timeout_ms),
+            ("coop.max_connections", c.max_connections as u64),
             ("coop.etcd.lease_ttl_s", c.etcd.lease_ttl_s),
         ] {
             if v == 0 {
@@ -378,6 +404,12 @@ impl ServerConfig {
         }
         if !self.engine.mem.dedup {
             return Err(invalid("coop.enabled", "needs engine.mem.dedup = true"));
+        }
+        if c.dedup_group.is_empty() {
+            return Err(invalid(
+                "coop.dedup_group",
+                "name the de-duplication group whose pages are shared with peers (VMs join it with dedup_group)",
+            ));
         }
         c.listen
             .parse::<SocketAddr>()
@@ -457,12 +489,13 @@ mod tests {
             ),
             ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
             ("[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"", "coop.enabled"),
+            ("[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"", "coop.dedup_group"),
             (
-                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"short\"",
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\npeer_secret = \"short\"",
                 "coop.peer_secret",
             ),
             (
-                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"\n\
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\npeer_secret = \"0123456789abcdef\"\n\
                  [[coop.peers]]\nname = \"b\"\naddr = \"nowhere\"",
                 "coop.peers[0].addr",
             ),

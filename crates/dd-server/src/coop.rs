@@ -308,6 +308,7 @@ impl Coop {
                 coop.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect();
             coop.set_membership(&list);
         }
+        state.cache.set_coop_group(Some(state.dedup_group_id(&coop.cfg.dedup_group)));
         if !state.cache.set_remote_sink(queue) {
             return Err(crate::ServerError::Config {
                 field: "coop.enabled".into(),
@@ -875,20 +876,37 @@ fn remotifier_loop(weak: Weak<Coop>) {
 }
 
 /// Serves one peer connection: HELLO with the secret first, then requests in order.
+///
+/// Before HELLO the connection holds a handshake slot (displaced by a newer connection when every slot
+/// is taken), reads at most 4096 payload bytes, and must finish within `coop.handshake_timeout_ms`:
+/// a connection that says nothing costs its task and a few hundred bytes, for a few seconds.
 pub async fn serve_peer(
     coop: Arc<Coop>,
     state: Arc<ServerState>,
     mut stream: tokio::net::TcpStream,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    slot: crate::admission::HandshakeSlot,
 ) {
+    let mut slot = Some(slot);
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(coop.cfg.handshake_timeout_ms);
     let mut from: Option<String> = None;
+    let mut session_slot = None;
     let mut head = [0u8; HEADER_LEN];
     let mut out = Vec::new();
     loop {
-        let r = tokio::select! {
-            r = stream.read_exact(&mut head) => r,
-            _ = stop.changed() => return,
+        let r = if let Some(hs) = slot.as_mut() {
+            tokio::select! {
+                r = stream.read_exact(&mut head) => r,
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = &mut hs.displaced => return,
+                _ = stop.changed() => return,
+            }
+        } else {
+            tokio::select! {
+                r = stream.read_exact(&mut head) => r,
+                _ = stop.changed() => return,
+            }
         };
         if r.is_err() {
             return;
@@ -906,7 +924,9 @@ pub async fn serve_peer(
             }
         };
         let mut payload = vec![0u8; h.payload_len as usize];
-        let read = tokio::time::timeout(Duration::from_secs(30), stream.read_exact(&mut payload)).await;
+        let until =
+            if from.is_none() { deadline } else { tokio::time::Instant::now() + Duration::from_secs(30) };
+        let read = tokio::time::timeout_at(until, stream.read_exact(&mut payload)).await;
         if !matches!(read, Ok(Ok(_))) {
             return;
         }
@@ -917,6 +937,9 @@ pub async fn serve_peer(
                 Ok(PeerRequest::Hello { name, epoch, secret })
                     if ct_eq(secret, coop.cfg.peer_secret.as_bytes()) =>
                 {
+                    let hs = slot.take().expect("in the handshake");
+                    let Ok(s) = hs.authenticate(dd_engine::VmId(0)) else { return };
+                    session_slot = Some(s);
                     coop.hello(&state, name, epoch);
                     from = Some(name.to_string());
                     PeerResponse::Hello { name: &coop.me, epoch: coop.epoch }.encode(
@@ -944,6 +967,7 @@ pub async fn serve_peer(
             Some(name) => coop.handle(&state, name, &h, &payload, &mut out),
         }
         if stream.write_all(&out).await.is_err() || close {
+            drop(session_slot);
             return;
         }
     }

@@ -213,7 +213,8 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| ServerError::Io(format!("creating data_dir {}: {e}", cfg.data_dir.display())))?;
     let (token, token_file) = host_token(&cfg)?;
-    raise_nofile((cfg.limits.max_connections + admission::MAX_REFUSING + 256) as u64);
+    let coop_conns = if cfg.coop.enabled { cfg.coop.max_connections } else { 0 };
+    raise_nofile((cfg.limits.max_connections + admission::MAX_REFUSING + coop_conns + 256) as u64);
     let state = Arc::new(ServerState::new(&cfg, &token)?);
 
     let tcp = if cfg.listen.tcp.is_empty() {
@@ -294,8 +295,17 @@ pub async fn run(
         let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name())?;
         let _ = state.coop.set(coop.clone());
         let (st, c, stop) = (state.clone(), coop.clone(), stop_rx.clone());
+        // Peer connections have slots of their own (no per-VM cap: every peer counts as one "VM").
+        let peer_slots = admission::Admission::new(
+            cfg.coop.max_connections,
+            cfg.coop.max_connections,
+            Arc::new(metrics::Metrics::new()),
+        );
         accept_tasks.push(spawn_accept_loop("coop", stop_rx.clone(), accept_tcp(Arc::new(l)), move |s| {
-            tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone()));
+            // At the limit with no HELLO to displace: the connection is closed at once.
+            if let Some(slot) = peer_slots.accept() {
+                tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
+            }
         }));
         let (c, mut stop, period) =
             (coop.clone(), stop_rx.clone(), Duration::from_millis(cfg.coop.publish_interval_ms));

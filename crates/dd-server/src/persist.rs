@@ -45,6 +45,9 @@ pub enum Record {
         /// The VM's own pool quota (absent: the engine's default).
         #[serde(default)]
         max_pools: Option<usize>,
+        /// The VM's de-duplication group ("": its own domain).
+        #[serde(default)]
+        dedup_group: String,
         data_token_sha256: String,
         admin_token_sha256: String,
     },
@@ -211,6 +214,7 @@ mod tests {
             id,
             weights: VmWeights::equal(100),
             max_pools: Some(3),
+            dedup_group: "g1".into(),
             data_token_sha256: "ab".repeat(32),
             admin_token_sha256: "cd".repeat(32),
         }

@@ -59,6 +59,9 @@ pub struct ServerState {
     /// The co-operative layer, once started by [`crate::run`].
     pub coop: std::sync::OnceLock<std::sync::Arc<crate::coop::Coop>>,
     shutting_down: AtomicBool,
+    /// De-duplication group names and their engine numbers; each VM's group name (leaves).
+    dedup_groups: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
+    dedup_group_names: parking_lot::Mutex<std::collections::HashMap<VmId, String>>,
 }
 
 impl ServerState {
@@ -91,6 +94,8 @@ impl ServerState {
             coop: std::sync::OnceLock::new(),
             persisted: Mutex::new(persisted),
             shutting_down: AtomicBool::new(false),
+            dedup_groups: Default::default(),
+            dedup_group_names: Default::default(),
         };
         for vm in &cfg.vms {
             state.register(vm).map_err(ServerError::Engine)?;
@@ -108,30 +113,47 @@ impl ServerState {
     fn restore(&self, r: &Record) -> Result<(), CacheError> {
         let id = VmId(r.id());
         if self.registry.remove(id) {
+            self.dedup_group_names.lock().remove(&id);
             self.cache.remove_vm(id)?;
         }
-        if let (Record::Registered { weights, max_pools, .. }, Some((d, a))) = (r, r.hashes()) {
-            self.engine_add(id, *weights, *max_pools)?;
+        if let (Record::Registered { weights, max_pools, dedup_group, .. }, Some((d, a))) = (r, r.hashes()) {
+            self.engine_add(id, *weights, *max_pools, dedup_group)?;
             self.registry.insert_hashed(id, d, a);
         }
         Ok(())
     }
 
-    fn engine_add(&self, vm: VmId, weights: VmWeights, max_pools: Option<usize>) -> Result<(), CacheError> {
+    /// Adds a VM to the engine with its quota and de-duplication group (undone whole on a failure).
+    fn engine_add(
+        &self,
+        vm: VmId,
+        weights: VmWeights,
+        max_pools: Option<usize>,
+        dedup_group: &str,
+    ) -> Result<(), CacheError> {
         self.cache.add_vm(vm, weights)?;
-        if let Some(n) = max_pools {
-            if let Err(e) = self.cache.set_vm_pool_quota(vm, n) {
-                let _ = self.cache.remove_vm(vm);
-                return Err(e);
+        let rest = || -> Result<(), CacheError> {
+            if let Some(n) = max_pools {
+                self.cache.set_vm_pool_quota(vm, n)?;
             }
+            if !dedup_group.is_empty() {
+                let g = self.dedup_group_id(dedup_group);
+                self.cache.set_vm_dedup_group(vm, Some(g))?;
+            }
+            Ok(())
+        };
+        if let Err(e) = rest() {
+            let _ = self.cache.remove_vm(vm);
+            return Err(e);
         }
+        self.dedup_group_names.lock().insert(vm, dedup_group.to_string());
         Ok(())
     }
 
     /// Registers a VM with its tokens (engine first, then the registry), without persisting it (the
     /// configuration's VMs, and tests).
     pub fn register(&self, vm: &VmConfig) -> Result<Arc<Registration>, CacheError> {
-        self.engine_add(VmId(vm.id), vm.weights, vm.max_pools)?;
+        self.engine_add(VmId(vm.id), vm.weights, vm.max_pools, &vm.dedup_group)?;
         Ok(self.registry.insert(VmId(vm.id), &vm.data_token, &vm.admin_token))
     }
 
@@ -144,6 +166,7 @@ impl ServerState {
             id: vm.0,
             weights,
             max_pools: quota,
+            dedup_group: self.dedup_group_of(vm),
             data_token_sha256: d.to_hex(),
             admin_token_sha256: a.to_hex(),
         })
@@ -163,6 +186,7 @@ impl ServerState {
         let rec = self.record_of(VmId(vm.id), vm.max_pools).expect("just registered");
         if let Err(e) = p.set(rec) {
             let _ = self.registry.remove(VmId(vm.id));
+            self.dedup_group_names.lock().remove(&VmId(vm.id));
             let _ = self.cache.remove_vm(VmId(vm.id));
             return Err(e.into());
         }
@@ -178,7 +202,20 @@ impl ServerState {
         }
         p.remove(vm.0)?;
         self.registry.remove(vm);
+        self.dedup_group_names.lock().remove(&vm);
         Ok(self.cache.remove_vm(vm)?)
+    }
+
+    /// The engine's number of a de-duplication group name (stable for the daemon's life).
+    pub fn dedup_group_id(&self, name: &str) -> u32 {
+        let mut g = self.dedup_groups.lock();
+        let n = g.len() as u32 + 1;
+        *g.entry(name.to_string()).or_insert(n)
+    }
+
+    /// The de-duplication group of a VM ("" for its own domain).
+    pub fn dedup_group_of(&self, vm: VmId) -> String {
+        self.dedup_group_names.lock().get(&vm).cloned().unwrap_or_default()
     }
 
     /// Replaces a VM's tokens (its pools stay): recorded first (if the file cannot be written the old
@@ -186,7 +223,8 @@ impl ServerState {
     /// before this returns.
     pub fn replace_tokens(&self, vm: VmId, data_token: &str, admin_token: &str) -> Result<(), PersistError> {
         let mut p = self.persisted.lock();
-        let Some(Record::Registered { id, weights, max_pools, .. }) = self.record_of(vm, self.own_quota(vm))
+        let Some(Record::Registered { id, weights, max_pools, dedup_group, .. }) =
+            self.record_of(vm, self.own_quota(vm))
         else {
             return Err(CacheError::UnknownVm(vm).into());
         };
@@ -195,6 +233,7 @@ impl ServerState {
             id,
             weights,
             max_pools,
+            dedup_group,
             data_token_sha256: d.to_hex(),
             admin_token_sha256: a.to_hex(),
         })?;

@@ -14,6 +14,9 @@ pub enum BenchCommand {
     Dedup(DedupArgs),
     /// The lab emulator's guest page accesses per second on one core, full stack.
     Lab(LabArgs),
+    /// Miss-ratio curves: references per CPU second of exact, SHARDS and miniature simulation on one
+    /// oracle-general trace (a synthetic 10-million-reference one unless `--trace` is given).
+    Mrc(MrcArgs),
     /// The daemon over TCP loopback against memcached: same load generator, connections, pipeline
     /// depth, batch size, 4 KiB values, key distribution and get/put mix.
     Server(ServerArgs),
@@ -104,6 +107,31 @@ pub struct LabArgs {
     /// Minimum wall time; whole runs repeat until it has passed.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct MrcArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// An existing oracle-general trace to use instead of a synthetic one.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Keep the synthetic trace at this path (to run other tools on the same file).
+    #[arg(long, conflicts_with = "trace")]
+    keep_trace: Option<PathBuf>,
+    /// Synthetic trace: references.
+    #[arg(long, default_value_t = 10_000_000)]
+    requests: u64,
+    /// Synthetic trace: distinct objects (zipf ranks).
+    #[arg(long, default_value_t = 10_000_000)]
+    keys: u64,
+    /// Synthetic trace: the zipf exponent.
+    #[arg(long, default_value_t = 0.9)]
+    zipf: f64,
+    /// Skip the miniature-simulation runs.
+    #[arg(long)]
+    no_minisim: bool,
 }
 
 #[derive(Args, Debug)]
@@ -205,6 +233,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Server(a) => server(a)?,
         BenchCommand::Fuse(a) => fuse(a)?,
         BenchCommand::Lab(a) => lab(a)?,
+        BenchCommand::Mrc(a) => mrc(a)?,
         BenchCommand::Dedup(a) => {
             let opts = dd_bench::dedup::DedupBenchOptions {
                 working_set_pages: a.working_set_pages,
@@ -407,6 +436,41 @@ fn lab(a: LabArgs) -> Result<()> {
         println!("page-cache misses      {:>14}", r.page_cache_misses);
         println!("engine gets / puts     {:>14} / {}", r.engine_gets, r.engine_puts);
         println!("verified hits          {:>14}", r.verified_hits);
+    }
+    Ok(())
+}
+
+fn mrc(a: MrcArgs) -> Result<()> {
+    let opts = dd_bench::mrc::MrcBenchOptions {
+        trace: a.trace,
+        keep_trace: a.keep_trace,
+        requests: a.requests,
+        keys: a.keys,
+        zipf: a.zipf,
+        minisim: !a.no_minisim,
+        ..Default::default()
+    };
+    let r =
+        dd_bench::mrc::run(&opts, &mut |msg| eprintln!("bench mrc: {msg}")).context("bench mrc failed")?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!("trace {}: {} requests, {} distinct", r.trace, r.requests, r.unique);
+    for m in &r.runs {
+        let target = match (m.target_per_cpu_s, m.meets_target) {
+            (Some(t), Some(met)) => {
+                format!("  (target {:.0} M: {})", t / 1e6, if met { "met" } else { "missed" })
+            }
+            _ => String::new(),
+        };
+        let mae = m.mae_vs_exact.map_or(String::new(), |e| format!("  MAE vs exact LRU {e:.4}"));
+        println!(
+            "{:<24} {:>8.2} M req per CPU s  ({:.2} CPU s){target}{mae}",
+            m.method,
+            m.requests_per_cpu_s / 1e6,
+            m.cpu_s
+        );
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod guest;
 mod lab;
 mod memctl;
 mod mount;
+mod mrc;
 mod serve;
 mod soak;
 
@@ -70,6 +71,9 @@ enum Command {
     /// Serve a backing directory through DoubleDecker (FUSE): per-container first-level page caches whose
     /// evicted pages go to the containers' pools. Foreground; SIGINT/SIGTERM unmount.
     Mount(mount::MountArgs),
+    /// A trace's miss-ratio curve: exact LRU, SHARDS, or miniature simulation of LRU / FIFO / S3-FIFO
+    /// (CSV or libCacheSim oracle-general traces).
+    Mrc(mrc::MrcArgs),
     /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (SPEC section 10).
     Lab {
         #[command(subcommand)]
@@ -104,5 +108,6 @@ fn main() -> Result<()> {
         Command::Lab { which } => lab::run(which),
         Command::Guest { which } => guest::run(which),
         Command::Mount(a) => mount::run(a),
+        Command::Mrc(a) => mrc::run(a),
     }
 }

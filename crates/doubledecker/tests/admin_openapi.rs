@@ -109,7 +109,8 @@ fn admin_api_matches_its_openapi_document() {
     let doc: Value = serde_yaml::from_str(&text).unwrap();
     let v1 = vm(1);
     // Co-operative de-duplication on (no peers) so its routes answer 200.
-    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\npeer_secret = \"peer-secret-0123456789\"\n";
+    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\ndedup_group = \"peers\"\n\
+                peer_secret = \"peer-secret-0123456789\"\n";
     let d = Daemon::start_with(&[&v1], "", "capacity_bytes = 16777216\ndedup = true\n", coop);
     let mut c = Checker { doc, d, covered: BTreeSet::new() };
     let h = Some(HOST_TOKEN);
@@ -128,7 +129,7 @@ fn admin_api_matches_its_openapi_document() {
         "POST",
         "/v1/vms",
         h,
-        Some(json!({"id": 2, "weights": {"mem": 50, "ssd": 10}, "max_pools": 8})),
+        Some(json!({"id": 2, "weights": {"mem": 50, "ssd": 10}, "max_pools": 8, "dedup_group": "g"})),
     );
     assert_eq!(s, 201);
     let t2 = cred["admin_token"].as_str().unwrap().to_string();
@@ -136,6 +137,7 @@ fn admin_api_matches_its_openapi_document() {
     assert_eq!(c.call("POST", "/v1/vms", h, Some(json!({"id": 3, "data_token": "short"}))).0, 400);
     assert_eq!(c.call("GET", "/v1/vms", h, None).1.as_array().unwrap().len(), 2);
     assert_eq!(c.call("GET", "/v1/vms/2", h, None).1["weights"]["mem"], 50);
+    assert_eq!(c.call("GET", "/v1/vms/2", h, None).1["dedup_group"], "g");
     assert_eq!(c.call("GET", "/v1/vms/9", h, None).0, 404);
     assert_eq!(c.call("GET", "/v1/vms/x", h, None).0, 400);
     assert_eq!(
@@ -212,6 +214,7 @@ fn the_checker_catches_drift() {
     let v = jsonschema::validator_for(&root).unwrap();
     let w = json!({"mem": 1, "ssd": 2});
     assert!(v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4})));
+    assert!(v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4, "dedup_group": null})));
     assert!(!v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4, "extra": 1})));
     assert!(!v.is_valid(&json!({"id": 1, "weights": w, "max_pools": 4})));
     assert!(!v.is_valid(&json!({"id": -1, "weights": w, "pools": 0, "max_pools": 4})));

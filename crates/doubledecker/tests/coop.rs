@@ -25,9 +25,14 @@ struct Node {
 }
 
 fn start_node(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Daemon {
+    start_node_in(me, peers, v, mem_pages, "peers")
+}
+
+/// [`start_node`] with the VM in de-dup group `group` ("": its own domain, the default).
+fn start_node_in(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64, group: &str) -> Daemon {
     let mut extra = format!(
         "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
-         node_name = {:?}\npeer_secret = {SECRET:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 5000\n\
+         node_name = {:?}\ndedup_group = \"peers\"\npeer_secret = {SECRET:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 5000\n\
          connect_timeout_ms = 5000\npeer_backoff_ms = 500\n",
         me.port, me.name
     );
@@ -37,7 +42,9 @@ fn start_node(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Daemon 
     }
     extra.push_str("]\n[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n");
     let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
-    Daemon::start_with(&[v], "ssd_enabled = false\n", &mem, &extra)
+    // The VM's pages are shared with peers only when it is in the co-operative group.
+    let v = TestVm { dedup_group: group.into(), ..v.clone() };
+    Daemon::start_with(&[&v], "ssd_enabled = false\n", &mem, &extra)
 }
 
 fn coop(d: &Daemon) -> serde_json::Value {
@@ -392,14 +399,16 @@ impl Drop for EtcdServer {
 fn start_etcd_node(me: &Node, etcd: &EtcdServer, v: &TestVm, mem_pages: u64) -> Daemon {
     let extra = format!(
         "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
-         node_name = {:?}\npeer_secret = {SECRET:?}\nmembership = \"etcd\"\npublish_interval_ms = 3600000\n\
+         node_name = {:?}\ndedup_group = \"peers\"\npeer_secret = {SECRET:?}\nmembership = \"etcd\"\npublish_interval_ms = 3600000\n\
          request_timeout_ms = 5000\nconnect_timeout_ms = 5000\npeer_backoff_ms = 500\n\
          [coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n[coop.etcd]\nendpoint = {:?}\nprefix = \"/dd-test/\"\n\
          lease_ttl_s = 2\n",
         me.port, me.name, etcd.url
     );
     let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
-    Daemon::start_with(&[v], "ssd_enabled = false\n", &mem, &extra)
+    // The VM's pages are shared with peers only because it is in the co-operative group.
+    let v = TestVm { dedup_group: "peers".into(), ..v.clone() };
+    Daemon::start_with(&[&v], "ssd_enabled = false\n", &mem, &extra)
 }
 
 fn peer_active(d: &Daemon, name: &str) -> bool {
@@ -526,4 +535,67 @@ fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
     assert_eq!(PeerResponse::decode(PeerOp::Unpin as u8, &r, 4096).unwrap(), PeerResponse::Unpinned(1));
     assert_eq!(pins_held(&db), 0);
     assert!(!fetch(&mut m, pin), "an unpinned page is gone");
+}
+
+/// Defect 9: co-operative de-duplication was a content oracle across hosts. VM 2 on host C put copies of
+/// pages VM 1 held on host A and wrong guesses; its own `remotified`, its hits and its latencies told
+/// the right guesses from the wrong ones, because every VM's evicted pages were offered to peers. Now
+/// only the pages of the co-operative de-dup group leave their VM (the administrator's choice on each
+/// host): VM 2, in its own domain (the default), offers nothing and learns nothing.
+#[test]
+fn regression_coop_content_oracle_across_hosts() {
+    let (a_node, c_node) = (Node { name: "a", port: free_port() }, Node { name: "c", port: free_port() });
+    let (v1, v2) = (vm(1), vm(2));
+    let a = start_node(&a_node, &[&c_node], &v1, 4096);
+    let c = start_node_in(&c_node, &[&a_node], &v2, MEM_PAGES, "");
+    let mut ca = a.tcp_client(&v1);
+    let pa = pool(&mut ca);
+    put_file(&mut ca, pa, 1, 1, 64);
+    publish(&a, 1);
+    // VM 2 puts 32 right guesses (VM 1's bytes) and 32 wrong ones, then pushes them all out.
+    let mut cc = c.tcp_client(&v2);
+    let pc = pool(&mut cc);
+    for i in 0..32 {
+        cc.put(pc, Key::new(5, i), &page(1, 1, i)).unwrap();
+        cc.put(pc, Key::new(6, i), &page(9, 9, i)).unwrap();
+    }
+    put_file(&mut cc, pc, 3, 7, 4 * MEM_PAGES);
+    let report = settle(&c);
+    let stats = cc.pool_stats(pc).unwrap().counters;
+    assert_eq!((stats.remotified, stats.remote_pages), (0, 0), "VM 2's statistics saw remote matches");
+    assert_eq!(n(&report, "offered"), 0, "pages outside the co-operative group were offered to a peer");
+    let (hits, _) = get_file(&mut cc, pc, 1, 5, 32);
+    assert_eq!(hits, 0, "a right guess came back from the peer");
+}
+
+/// Defect 7: the peer listener had no deadline and no connection limit: connections that sent nothing
+/// stayed open for ever (300 of them, with 256 file descriptors, kept the daemon from accepting anyone).
+/// Now a connection that does not complete its HELLO within `coop.handshake_timeout_ms` (5 s by
+/// default) is closed, the listener holds at most `coop.max_connections` (64), a newer connection
+/// displacing the oldest silent one, and a real peer still gets in meanwhile.
+#[test]
+fn regression_peer_listener_without_deadline_or_limit() {
+    use dd_coop::wire::{PeerRequest, PeerStatus};
+    let v = vm(1);
+    let b = Node { name: "b", port: free_port() };
+    let db = start_node(&b, &[], &v, 1024);
+    let mut silent: Vec<std::net::TcpStream> = (0..150).map(|_| peer_conn(b.port)).collect();
+    // A peer that says HELLO is served although 150 silent connections came first.
+    let mut s = peer_conn(b.port);
+    let hello = PeerRequest::Hello { name: "m", epoch: 5, secret: SECRET.as_bytes() };
+    let (st, _) = peer_call(&mut s, &hello).expect("a HELLO answer past 150 silent connections");
+    assert_eq!(st, PeerStatus::OK.0);
+    // Every silent connection is closed (displaced or by the handshake deadline).
+    for c in &mut silent {
+        let mut buf = [0u8; 16];
+        let r = std::io::Read::read(c, &mut buf);
+        assert!(
+            matches!(r, Ok(0) | Err(_))
+                && !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a silent peer connection stayed open: {r:?}"
+        );
+    }
+    // The data plane and the admin API were served throughout.
+    db.tcp_client(&v).ping().unwrap();
+    assert_eq!(db.http("GET", "/healthz", None, None).0, 200);
 }

@@ -211,3 +211,31 @@ fn regression_one_vm_exhausts_the_host_pools() {
     assert_eq!(ca.list_pools().unwrap().len(), 4);
     let _ = PoolId(0);
 }
+
+/// B's own de-dup statistics after putting `guess` into its pool.
+fn dedup_seen_by_b(cb: &mut Client, pool: PoolId, guess: &[u8], index: u64) -> (u64, u64) {
+    cb.put(pool, Key::new(99, index), guess).unwrap();
+    let c = cb.pool_stats(pool).unwrap().counters;
+    (c.mem.dedup_hits, c.mem.bytes_saved)
+}
+
+/// Defect 2: with de-duplication on, VM B's own POOL_STATS moved (`dedup_hits`, `bytes_saved`) exactly
+/// when a page it put equalled a page VM A held: a content oracle across VMs. By default no content is
+/// shared across VMs at all, and a VM's statistics never count a match with another VM's content.
+#[test]
+fn regression_dedup_content_side_channel() {
+    let (a, b) = (vm(1), vm(2));
+    let d = Daemon::start_with(&[&a, &b], "", "capacity_bytes = 16777216\ndedup = true\n", "");
+    let mut ca = d.tcp_client(&a);
+    let mut cb = d.tcp_client(&b);
+    let pa = ca.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
+    let pb = cb.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
+    let secret = page(1, 1, 1);
+    ca.put(pa, Key::new(1, 1), &secret).unwrap();
+    let wrong = dedup_seen_by_b(&mut cb, pb, &page(2, 2, 2), 1);
+    let right = dedup_seen_by_b(&mut cb, pb, &secret, 2);
+    assert_eq!(wrong, right, "B's statistics told the right guess (A's page) from a wrong one");
+    // A VM's own duplicates are still de-duplicated and counted: that reveals only its own content.
+    let own = dedup_seen_by_b(&mut cb, pb, &page(2, 2, 2), 3);
+    assert_eq!(own.0, right.0 + 1, "B's duplicate of its own page");
+}

@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 
 pub const HOST_TOKEN: &str = "host-admin-token-for-tests-0001";
 
+#[derive(Clone)]
 pub struct TestVm {
     pub id: u32,
     pub data_token: String,
     pub admin_token: String,
+    /// `vms[].dedup_group` ("" : the VM's own de-dup domain).
+    pub dedup_group: String,
 }
 
 pub fn vm(id: u32) -> TestVm {
@@ -21,6 +24,7 @@ pub fn vm(id: u32) -> TestVm {
         id,
         data_token: format!("data-token-of-vm-{id:04}"),
         admin_token: format!("admin-token-of-vm-{id:04}"),
+        dedup_group: String::new(),
     }
 }
 
@@ -53,8 +57,8 @@ impl Daemon {
         cfg.push_str(extra);
         for v in vms {
             cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
-                v.id, v.data_token, v.admin_token
+                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\ndedup_group = {:?}\n",
+                v.id, v.data_token, v.admin_token, v.dedup_group
             ));
         }
         let cfg_path = dir.path().join("dd.toml");
