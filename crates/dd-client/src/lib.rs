@@ -79,7 +79,10 @@ impl ClientError {
     pub fn is_transport(&self) -> bool {
         matches!(
             self,
-            ClientError::Io(_) | ClientError::Proto(_) | ClientError::Unexpected(_) | ClientError::Unavailable { .. }
+            ClientError::Io(_)
+                | ClientError::Proto(_)
+                | ClientError::Unexpected(_)
+                | ClientError::Unavailable { .. }
         )
     }
 

@@ -322,7 +322,11 @@ impl Session {
 
     /// Runs `f` with the pool's id, if the daemon now answering is the instance that made the pool;
     /// otherwise [`ClientError::PoolLost`] and nothing is sent.
-    pub fn on_pool<T>(&mut self, pool: PoolRef, f: impl FnOnce(&mut Client, PoolId) -> Result<T>) -> Result<T> {
+    pub fn on_pool<T>(
+        &mut self,
+        pool: PoolRef,
+        f: impl FnOnce(&mut Client, PoolId) -> Result<T>,
+    ) -> Result<T> {
         let now = self.connect()?;
         if now != pool.instance {
             return Err(ClientError::PoolLost { pool: pool.id });
@@ -377,7 +381,8 @@ mod tests {
     #[test]
     fn an_unreachable_daemon_is_not_tried_again_during_the_backoff() {
         let dir = tempfile::tempdir().unwrap();
-        let ep = Endpoint { unix_socket: Some(dir.path().join("none.sock")), tcp: None, vm: 1, token: "t".into() };
+        let ep =
+            Endpoint { unix_socket: Some(dir.path().join("none.sock")), tcp: None, vm: 1, token: "t".into() };
         let policy = BackoffPolicy { initial: Duration::from_secs(30), max: Duration::from_secs(60) };
         let link = Link::new(ep, policy, "test");
         assert!(matches!(link.connect(), Err(ClientError::Io(_))), "the first attempt is made");

@@ -62,7 +62,10 @@ impl Clients {
     /// Runs `f` on a connection. A pooled connection that fails at the transport (the daemon closed it
     /// when idle, or is gone) is replaced by a fresh one once: every call is safe to repeat (puts
     /// replace, flushes are idempotent, a repeated get may miss).
-    pub fn call<T>(&self, mut f: impl FnMut(&mut Client) -> Result<T, ClientError>) -> Result<T, ClientError> {
+    pub fn call<T>(
+        &self,
+        mut f: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
         let idle = self.idle.lock().pop();
         let (mut c, pooled) = match idle {
             Some(c) => (c, true),

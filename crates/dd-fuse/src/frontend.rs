@@ -327,7 +327,9 @@ impl Frontend {
                     Ok(_) => {}
                     // The pages stay where they were, still listed in `pools`: coherent, just not moved.
                     Err(e) if daemon::quiet(&e) => {}
-                    Err(e) => tracing::warn!("migrating object {} from pool {} to {}: {e}", obj.id, src.id, dst.id),
+                    Err(e) => {
+                        tracing::warn!("migrating object {} from pool {} to {}: {e}", obj.id, src.id, dst.id)
+                    }
                 }
             }
         }

@@ -246,13 +246,7 @@ pub struct Watcher {
     instance: Option<u64>,
     /// The state file an earlier watcher left, to adopt its pools if the daemon is the same instance.
     adopt: Option<StateFile>,
-    /// When the connection last carried a request: a round after a quiet minute pings first, so the
-    /// daemon's idle timeout (`limits.idle_timeout_ms`) never closes a watcher that is merely waiting.
-    last_request: std::time::Instant,
 }
-
-/// A quiet connection is pinged after this long (well under the daemon's default idle timeout).
-const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Watcher {
     /// A watcher; it connects in its first round (a daemon that is not up yet is waited for). An
@@ -267,7 +261,6 @@ impl Watcher {
             owned: BTreeMap::new(),
             instance: None,
             adopt,
-            last_request: std::time::Instant::now(),
         })
     }
 
@@ -332,11 +325,13 @@ impl Watcher {
         present: &BTreeMap<String, PathBuf>,
         ch: &mut RoundChanges,
     ) -> Result<(), WatchError> {
-        if self.last_request.elapsed() >= KEEPALIVE && self.session.instance().is_some() {
-            // A broken connection shows here; the connect below then tries again at once.
+        // Every round pings: a round that changes nothing sends nothing else, and a daemon that restarted
+        // in between must be noticed now (its pools are gone), not at the next change. A broken
+        // connection shows here; the connect below then tries again at once. The ping also keeps the
+        // daemon's idle timeout (`limits.idle_timeout_ms`) from closing a watcher that is merely waiting.
+        if self.session.instance().is_some() {
             let _ = self.session.call(|c| c.ping());
         }
-        self.last_request = std::time::Instant::now();
         let instance = self.session.connect()?;
         if self.instance != Some(instance) {
             self.take_over(instance, ch)?;
@@ -362,7 +357,9 @@ impl Watcher {
                         PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
                         PoolKind::Persistent => PoolOptions::persistent(spec),
                     };
-                    let pool = self.session.on_pool(PoolRef { id: PoolId(0), instance }, |c, _| c.create_cgroup(opts))?;
+                    let pool = self
+                        .session
+                        .on_pool(PoolRef { id: PoolId(0), instance }, |c, _| c.create_cgroup(opts))?;
                     self.owned.insert(name.clone(), Owned { pool, spec, kind, path: dir.clone() });
                     ch.created.push(name.clone());
                 }

@@ -232,7 +232,12 @@ impl Registry {
     }
 
     /// [`Registry::insert`] with the tokens' hashes (a registration restored from the file).
-    pub fn insert_hashed(&self, vm: VmId, data_token: TokenHash, admin_token: TokenHash) -> Arc<Registration> {
+    pub fn insert_hashed(
+        &self,
+        vm: VmId,
+        data_token: TokenHash,
+        admin_token: TokenHash,
+    ) -> Arc<Registration> {
         let reg = Arc::new(Registration {
             vm,
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),

@@ -112,7 +112,8 @@ impl Persisted {
                 if body.version != FILE_VERSION {
                     return Err(io_err(&path, "reading", format!("unknown version {}", body.version)));
                 }
-                let salt = TokenHash::from_hex(&body.salt).ok_or_else(|| io_err(&path, "reading", "bad salt"))?;
+                let salt =
+                    TokenHash::from_hex(&body.salt).ok_or_else(|| io_err(&path, "reading", "bad salt"))?;
                 p.salt = salt.0;
                 for r in body.vms {
                     if matches!(r, Record::Registered { .. }) && r.hashes().is_none() {

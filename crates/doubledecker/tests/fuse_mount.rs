@@ -62,8 +62,10 @@ fn containers_on_the_mount_use_their_own_pools() {
     let state =
         wait_for_file(&work.path().join("pools.json"), |t| t.contains("\"web\"") && t.contains("\"db\""));
     let state: serde_json::Value = serde_json::from_str(&state).unwrap();
-    let (web, db) =
-        (state["web"]["pool"].as_u64().unwrap() as u32, state["db"]["pool"].as_u64().unwrap() as u32);
+    let (web, db) = (
+        state["pools"]["web"]["pool"].as_u64().unwrap() as u32,
+        state["pools"]["db"]["pool"].as_u64().unwrap() as u32,
+    );
     assert_eq!(pool_stats(&d, &v, web).spec, Spec::Mem { weight: 60 });
     assert_eq!(pool_stats(&d, &v, db).spec, Spec::Mem { weight: 30 });
 

@@ -63,26 +63,7 @@ impl Daemon {
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
-        let child = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
-            .args(["serve", "--config"])
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start doubledecker serve");
-        // Wait for the ready file (written atomically once every listener is bound). This is a bound on
-        // how long to wait for start-up, not a timing assertion.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut child = child;
-        let bound: serde_json::Value = loop {
-            if let Ok(t) = std::fs::read_to_string(&ready) {
-                break serde_json::from_str(&t).expect("ready file is JSON");
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("the daemon exited before it was ready ({status}); its stderr is above");
-            }
-            assert!(Instant::now() < deadline, "daemon did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let (child, bound) = spawn_and_wait(&cfg_path, &ready);
         Daemon {
             child: Some(child),
             tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
@@ -90,6 +71,21 @@ impl Daemon {
             admin: format!("http://{}", bound["admin"].as_str().unwrap()),
             dir,
         }
+    }
+
+    /// SIGKILLs the daemon and starts it again on the same configuration and data directory (a new
+    /// instance: its TCP and admin ports may change, the Unix socket path does not).
+    pub fn kill_and_restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let ready = self.dir.path().join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready);
+        self.child = Some(child);
+        self.tcp = bound["tcp"].as_str().unwrap().parse().unwrap();
+        self.admin = format!("http://{}", bound["admin"].as_str().unwrap());
     }
 
     pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
@@ -139,6 +135,35 @@ impl Daemon {
         let text = resp.into_string().unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
+}
+
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BIN` (to see a regression test fail
+/// against an older build, e.g. one of `main` before a fix).
+pub fn dd_bin() -> std::path::PathBuf {
+    std::env::var_os("DD_TEST_BIN").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+}
+
+/// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
+/// listener is bound). The wait is a bound on start-up, not a timing assertion.
+fn spawn_and_wait(cfg: &std::path::Path, ready: &std::path::Path) -> (Child, serde_json::Value) {
+    let mut child = Command::new(dd_bin())
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start doubledecker serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let bound = loop {
+        if let Ok(t) = std::fs::read_to_string(ready) {
+            break serde_json::from_str(&t).expect("ready file is JSON");
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the daemon exited before it was ready ({status}); its stderr is above");
+        }
+        assert!(Instant::now() < deadline, "daemon did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (child, bound)
 }
 
 impl Drop for Daemon {

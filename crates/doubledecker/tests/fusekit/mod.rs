@@ -9,6 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BIN` (an older build, to see a
+/// regression test fail before its fix).
+pub fn dd_bin() -> PathBuf {
+    std::env::var_os("DD_TEST_BIN").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+}
+
 /// Where containers' cgroups can be made: a v1 memory hierarchy or a v2 one with the memory controller.
 pub struct CgroupRoot {
     pub root: PathBuf,
@@ -153,7 +159,7 @@ pub struct MountProc {
 
 impl MountProc {
     pub fn start(backing: &Path, mountpoint: &Path, config: &Path) -> MountProc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_doubledecker"));
+        let mut cmd = Command::new(dd_bin());
         cmd.arg("mount").arg(backing).arg(mountpoint).arg("--config").arg(config).stdout(Stdio::piped());
         let mut m =
             MountProc { proc_: Proc::spawn("doubledecker mount", &mut cmd), mountpoint: mountpoint.into() };
