@@ -232,12 +232,15 @@ impl Frontend {
     }
 
     /// The pool a container's pages go to and come from, if the second level may be used now: the
-    /// watcher published one, it is of the daemon instance last reached, the daemon is not known to be
-    /// away (back-off), and no flush is outstanding (`daemon::Stale`).
+    /// watcher published one, the daemon is not known to be away (back-off), and no flush is
+    /// outstanding (`daemon::Stale`). A pool of another instance than the one last reached is not
+    /// refused here: either the watcher has not caught up with a restart (the call is then refused
+    /// without I/O, `ClientError::PoolLost`), or the daemon restarted and this mount has not noticed yet
+    /// (its connections are dead): only a call finds that out, and it reconnects.
     fn pool(&self, c: &Container) -> Option<PoolRef> {
         let cl = self.clients.as_ref()?;
         let p = self.attrib.pool_of(&c.name)?;
-        if cl.link().instance().is_some_and(|i| i != p.instance) || !cl.ready() {
+        if !cl.ready() {
             return None;
         }
         let pools_of = |o: u64| -> Vec<u32> {

@@ -255,13 +255,7 @@ impl Watcher {
         cfg.validate()?;
         let session = Session::new(cfg.endpoint(), BackoffPolicy::default(), "guest watch");
         let adopt = StateFile::read(&cfg.state_file).filter(|s| s.vm == cfg.daemon.vm);
-        Ok(Watcher {
-            cfg,
-            session,
-            owned: BTreeMap::new(),
-            instance: None,
-            adopt,
-        })
+        Ok(Watcher { cfg, session, owned: BTreeMap::new(), instance: None, adopt })
     }
 
     pub fn config(&self) -> &WatchConfig {

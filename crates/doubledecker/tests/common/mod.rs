@@ -76,10 +76,20 @@ impl Daemon {
     /// SIGKILLs the daemon and starts it again on the same configuration and data directory (a new
     /// instance: its TCP and admin ports may change, the Unix socket path does not).
     pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart();
+    }
+
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts the daemon again (after [`Daemon::kill`]) and waits until it is ready.
+    pub fn restart(&mut self) {
         let ready = self.dir.path().join("ready.json");
         let _ = std::fs::remove_file(&ready);
         let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready);

@@ -159,8 +159,16 @@ pub struct MountProc {
 
 impl MountProc {
     pub fn start(backing: &Path, mountpoint: &Path, config: &Path) -> MountProc {
+        MountProc::start_logged(backing, mountpoint, config, None)
+    }
+
+    /// [`MountProc::start`] with the mount's standard error (its log) written to `log`.
+    pub fn start_logged(backing: &Path, mountpoint: &Path, config: &Path, log: Option<&Path>) -> MountProc {
         let mut cmd = Command::new(dd_bin());
         cmd.arg("mount").arg(backing).arg(mountpoint).arg("--config").arg(config).stdout(Stdio::piped());
+        if let Some(log) = log {
+            cmd.stderr(std::fs::File::create(log).unwrap());
+        }
         let mut m =
             MountProc { proc_: Proc::spawn("doubledecker mount", &mut cmd), mountpoint: mountpoint.into() };
         // A bound on start-up, not a timing assertion.
