@@ -306,10 +306,9 @@ impl Watcher {
             }
             Err(e) => return Err(e),
         }
-        if before != (self.instance, self.owned.clone()) || !self.cfg.state_file.exists() {
-            if self.instance.is_some() {
-                self.write_state()?;
-            }
+        let changed = before != (self.instance, self.owned.clone()) || !self.cfg.state_file.exists();
+        if changed && self.instance.is_some() {
+            self.write_state()?;
         }
         Ok(ch)
     }

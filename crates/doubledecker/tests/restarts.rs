@@ -39,11 +39,11 @@ fn regression_vms_registered_at_run_time_survive_a_restart() {
 
     d.kill_and_restart();
 
-    let (_, after) = host(&d, "GET", "/v1/host", None);
-    assert_ne!(before["instance"], after["instance"], "a restart is a new instance");
     let (_, vms) = host(&d, "GET", "/v1/vms", None);
     let ids: Vec<u64> = vms.as_array().unwrap().iter().map(|v| v["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, vec![7, 8], "run-time VMs kept, removed ones (run-time or configured) stay removed");
+    let (_, after) = host(&d, "GET", "/v1/host", None);
+    assert_ne!(before["instance"], after["instance"], "a restart is a new instance");
     let (_, v7) = host(&d, "GET", "/v1/vms/7", None);
     assert_eq!(v7["weights"], serde_json::json!({"mem": 30, "ssd": 70}));
     assert_eq!(v7["max_pools"], 5);
