@@ -7,10 +7,10 @@
 mod common;
 
 use common::{page, vm, Daemon, TestVm, HOST_TOKEN};
+use dd_coop::identity::NodeKey;
 use dd_engine::{Key, PoolId, PoolOptions, Spec};
 use std::time::{Duration, Instant};
 
-const SECRET: &str = "peer-secret-for-tests-0001";
 /// Test daemons' memory: 256 pages, evicted 16 at a time.
 const MEM_PAGES: u64 = 256;
 
@@ -19,9 +19,41 @@ fn free_port() -> u16 {
     dd_bench::daemon::free_port().unwrap()
 }
 
+/// A daemon-to-be: its name, peer-listener port and its own key (in a file of its own).
 struct Node {
     name: &'static str,
     port: u16,
+    key: NodeKey,
+    key_file: std::path::PathBuf,
+    _keys: tempfile::TempDir,
+}
+
+/// A node with a key derived from its name (deterministic, distinct per name).
+fn node(name: &'static str) -> Node {
+    let mut seed = [0u8; 32];
+    for (i, b) in seed.iter_mut().enumerate() {
+        *b = name.as_bytes()[i % name.len()] ^ (i as u8).wrapping_mul(37);
+    }
+    let key = NodeKey::from_seed(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("coop.key");
+    std::fs::write(&key_file, key.secret_text()).unwrap();
+    Node { name, port: free_port(), key, key_file, _keys: dir }
+}
+
+/// `peers = [...]`: each node's name, address and public key.
+fn peers_toml(peers: &[&Node]) -> String {
+    let mut t = String::from("peers = [");
+    for p in peers {
+        t.push_str(&format!(
+            "{{ name = {:?}, addr = \"127.0.0.1:{}\", public_key = {:?} }}, ",
+            p.name,
+            p.port,
+            p.key.public_text()
+        ));
+    }
+    t.push_str("]\n");
+    t
 }
 
 fn start_node(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Daemon {
@@ -32,15 +64,14 @@ fn start_node(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Daemon 
 fn start_node_in(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64, group: &str) -> Daemon {
     let mut extra = format!(
         "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
-         node_name = {:?}\ndedup_group = \"peers\"\npeer_secret = {SECRET:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 5000\n\
+         node_name = {:?}\ndedup_group = \"peers\"\nkey_file = {:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 5000\n\
          connect_timeout_ms = 5000\npeer_backoff_ms = 500\n",
-        me.port, me.name
+        me.port,
+        me.name,
+        me.key_file.display().to_string()
     );
-    extra.push_str("peers = [");
-    for p in peers {
-        extra.push_str(&format!("{{ name = {:?}, addr = \"127.0.0.1:{}\" }}, ", p.name, p.port));
-    }
-    extra.push_str("]\n[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n");
+    extra.push_str(&peers_toml(peers));
+    extra.push_str("[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n");
     let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
     // The VM's pages are shared with peers only when it is in the co-operative group.
     let v = TestVm { dedup_group: group.into(), ..v.clone() };
@@ -131,11 +162,7 @@ fn wait_pins(d: &Daemon, want: u64) {
 #[test]
 fn three_daemons_remotify_only_to_the_holder_and_every_page_comes_back() {
     let v = vm(1);
-    let (a, b, c) = (
-        Node { name: "a", port: free_port() },
-        Node { name: "b", port: free_port() },
-        Node { name: "c", port: free_port() },
-    );
+    let (a, b, c) = (node("a"), node("b"), node("c"));
     let da = start_node(&a, &[&b, &c], &v, 4096);
     let db = start_node(&b, &[&a, &c], &v, 4096);
     let dc = start_node(&c, &[&a, &b], &v, MEM_PAGES);
@@ -200,7 +227,7 @@ fn three_daemons_remotify_only_to_the_holder_and_every_page_comes_back() {
 #[test]
 fn symmetric_x_y_remotification() {
     let v = vm(1);
-    let (x, y) = (Node { name: "x", port: free_port() }, Node { name: "y", port: free_port() });
+    let (x, y) = (node("x"), node("y"));
     let dx = start_node(&x, &[&y], &v, MEM_PAGES);
     let dy = start_node(&y, &[&x], &v, MEM_PAGES);
     let (mut cx, mut cy) = (dx.tcp_client(&v), dy.tcp_client(&v));
@@ -284,7 +311,7 @@ fn wait_stopped(d: &Daemon) {
 #[test]
 fn killed_and_restarted_peer_gives_clean_misses() {
     let v = vm(1);
-    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let (b, c) = (node("b"), node("c"));
     let (mut db, dc, mut cc, pc, remotified) = remotified_pair(&b, &c, &v, 64);
     // Half the pages come back while B is alive.
     assert_eq!(get_file(&mut cc, pc, 1, 1, 32), (32, 0));
@@ -319,7 +346,7 @@ fn killed_and_restarted_peer_gives_clean_misses() {
 #[test]
 fn restarted_remotifier_releases_its_pins_on_the_peer() {
     let v = vm(1);
-    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let (b, c) = (node("b"), node("c"));
     let (db, mut dc, _cc, _pc, remotified) = remotified_pair(&b, &c, &v, 40);
     assert!(dc.stop());
     let dc2 = start_node(&c, &[&b], &v, MEM_PAGES);
@@ -333,7 +360,7 @@ fn restarted_remotifier_releases_its_pins_on_the_peer() {
 #[test]
 fn partitioned_peer_times_out_to_misses_and_recovers() {
     let v = vm(1);
-    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
+    let (b, c) = (node("b"), node("c"));
     let (db, dc, mut cc, pc, remotified) = remotified_pair(&b, &c, &v, 48);
     signal(&db, libc::SIGSTOP);
     wait_stopped(&db);
@@ -396,14 +423,28 @@ impl Drop for EtcdServer {
     }
 }
 
-fn start_etcd_node(me: &Node, etcd: &EtcdServer, v: &TestVm, mem_pages: u64) -> Daemon {
+/// A daemon on etcd membership: `members` are the other nodes it accepts (names and keys; their
+/// addresses come from etcd).
+fn start_etcd_node(me: &Node, members: &[&Node], etcd: &EtcdServer, v: &TestVm, mem_pages: u64) -> Daemon {
+    let mut members_toml = String::from("peers = [");
+    for p in members {
+        members_toml.push_str(&format!(
+            "{{ name = {:?}, public_key = {:?} }}, ",
+            p.name,
+            p.key.public_text()
+        ));
+    }
+    members_toml.push_str("]\n");
     let extra = format!(
         "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
-         node_name = {:?}\ndedup_group = \"peers\"\npeer_secret = {SECRET:?}\nmembership = \"etcd\"\npublish_interval_ms = 3600000\n\
-         request_timeout_ms = 5000\nconnect_timeout_ms = 5000\npeer_backoff_ms = 500\n\
+         node_name = {:?}\ndedup_group = \"peers\"\nkey_file = {:?}\nmembership = \"etcd\"\npublish_interval_ms = 3600000\n\
+         request_timeout_ms = 5000\nconnect_timeout_ms = 5000\npeer_backoff_ms = 500\n{members_toml}\
          [coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n[coop.etcd]\nendpoint = {:?}\nprefix = \"/dd-test/\"\n\
          lease_ttl_s = 2\n",
-        me.port, me.name, etcd.url
+        me.port,
+        me.name,
+        me.key_file.display().to_string(),
+        etcd.url
     );
     let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
     // The VM's pages are shared with peers only because it is in the co-operative group.
@@ -424,15 +465,29 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// etcd membership: daemons find each other through leased keys, remotify and fetch as with a static
-/// list, and a killed daemon drops out of its peers' lists when its lease expires.
+/// list, a name registered in etcd without a key in the membership is ignored, and a killed daemon
+/// drops out of its peers' lists when its lease expires.
 #[test]
 fn etcd_membership_finds_peers_and_drops_dead_ones() {
     let etcd = EtcdServer::start();
     let v = vm(1);
-    let (b, c) = (Node { name: "b", port: free_port() }, Node { name: "c", port: free_port() });
-    let db = start_etcd_node(&b, &etcd, &v, 4096);
-    let dc = start_etcd_node(&c, &etcd, &v, MEM_PAGES);
+    let (b, c, m) = (node("b"), node("c"), node("mallory"));
+    // A node that is not a member (its key is in nobody's list) registers itself in etcd.
+    let dm = start_etcd_node(&m, &[&b, &c], &etcd, &v, 4096);
+    let db = start_etcd_node(&b, &[&c], &etcd, &v, 4096);
+    let dc = start_etcd_node(&c, &[&b], &etcd, &v, MEM_PAGES);
     wait_for("b and c to see each other", || peer_active(&db, "c") && peer_active(&dc, "b"));
+    wait_for("mallory to see b", || peer_active(&dm, "b"));
+    assert!(
+        !coop(&db)["peers"].as_array().unwrap().iter().any(|p| p["name"] == "mallory"),
+        "etcd added a member"
+    );
+    // mallory's summaries and compares are refused at the handshake.
+    assert_eq!(n(&coop(&dm), "peer_failures"), 0);
+    let (s, j) = dm.http("POST", "/v1/host/coop/publish", Some(HOST_TOKEN), None);
+    assert_eq!((s, n(&j, "peers_reached")), (200, 0), "{j}");
+    assert!(n(&coop(&db), "auth_failures") + n(&coop(&dc), "auth_failures") >= 2);
+    drop(dm);
     let mut cb = db.tcp_client(&v);
     let pb = pool(&mut cb);
     put_file(&mut cb, pb, 1, 1, 32);
@@ -476,14 +531,42 @@ fn peer_conn(port: u16) -> std::net::TcpStream {
     s
 }
 
-/// The peer listener: a wrong secret or a first frame other than HELLO is refused and the connection
-/// closed; an authenticated peer can pin only content the daemon holds and fetch only its own pins.
+/// The peer handshake by hand: HELLO as `name` (epoch `epoch`), then AUTH signed with `key` (which
+/// may be another node's). Returns the status of the last answer (None: closed without one).
+fn peer_handshake(s: &mut std::net::TcpStream, name: &str, epoch: u64, key: &NodeKey) -> Option<u16> {
+    use dd_coop::identity::{Role, Transcript};
+    use dd_coop::wire::{PeerOp, PeerRequest, PeerResponse};
+    let nonce = [0x5a; 32];
+    let (st, payload) = peer_call(s, &PeerRequest::Hello { name, epoch, nonce })?;
+    if st != 0 {
+        return Some(st);
+    }
+    let PeerResponse::Hello { name: server, epoch: server_epoch, nonce: theirs, .. } =
+        PeerResponse::decode(PeerOp::Hello as u8, &payload, 4096).unwrap()
+    else {
+        panic!("not a HELLO answer")
+    };
+    let t = Transcript {
+        client: name,
+        server,
+        client_epoch: epoch,
+        server_epoch,
+        client_nonce: &nonce,
+        server_nonce: &theirs,
+    };
+    let signature = key.sign(Role::Client, &t);
+    peer_call(s, &PeerRequest::Auth { signature }).map(|(st, _)| st)
+}
+
+/// The peer listener: a name outside the membership, a wrong key or a first frame other than HELLO is
+/// refused and the connection closed; an authenticated peer can pin only content the daemon holds and
+/// fetch only its own pins.
 #[test]
 fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
     use dd_coop::wire::{PeerOp, PeerRequest, PeerResponse, PeerStatus};
     let v = vm(1);
-    let b = Node { name: "b", port: free_port() };
-    let db = start_node(&b, &[], &v, 1024);
+    let (b, m, e) = (node("b"), node("m"), node("e"));
+    let db = start_node(&b, &[&m, &e], &v, 1024);
     let mut cb = db.tcp_client(&v);
     let pb = pool(&mut cb);
     put_file(&mut cb, pb, 1, 1, 4);
@@ -491,18 +574,14 @@ fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
     let h0 = xxhash_rust::xxh3::xxh3_128(&p0);
 
     let mut s = peer_conn(b.port);
-    let hello = |secret: &'static str, name: &'static str| PeerRequest::Hello {
-        name,
-        epoch: 5,
-        secret: secret.as_bytes(),
-    };
-    let (st, _) = peer_call(&mut s, &hello("wrong-secret-0123456789", "m")).unwrap();
-    assert_eq!(st, PeerStatus::AUTH_FAILED.0);
-    assert!(peer_call(&mut s, &hello(SECRET, "m")).is_none(), "closed after a wrong secret");
+    assert_eq!(peer_handshake(&mut s, "m", 5, &e.key), Some(PeerStatus::AUTH_FAILED.0), "m with e's key");
+    assert!(peer_call(&mut s, &PeerRequest::Fetch { pin: 1 }).is_none(), "closed after a wrong key");
+    let mut s = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut s, "x", 5, &m.key), Some(PeerStatus::AUTH_FAILED.0), "not a member");
     let mut s = peer_conn(b.port);
     let (st, _) = peer_call(&mut s, &PeerRequest::Fetch { pin: 1 }).unwrap();
     assert_eq!(st, PeerStatus::NOT_AUTHENTICATED.0);
-    assert!(peer_call(&mut s, &hello(SECRET, "m")).is_none(), "closed after a frame before HELLO");
+    assert!(peer_handshake(&mut s, "m", 5, &m.key).is_none(), "closed after a frame before HELLO");
 
     let compare = |s: &mut std::net::TcpStream, hash: u128, page: &[u8]| {
         let (st, payload) = peer_call(s, &PeerRequest::Compare { hash, page }).unwrap();
@@ -517,26 +596,25 @@ fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
         assert_eq!(st, 0);
         matches!(PeerResponse::decode(PeerOp::Fetch as u8, &payload, 4096).unwrap(), PeerResponse::Fetched(Some(p)) if p == p0.as_slice())
     };
-    let mut m = peer_conn(b.port);
-    assert_eq!(peer_call(&mut m, &hello(SECRET, "m")).unwrap().0, 0);
-    let pin = compare(&mut m, h0, &p0).expect("b holds the page");
+    let mut ms = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut ms, "m", 5, &m.key), Some(0));
+    let pin = compare(&mut ms, h0, &p0).expect("b holds the page");
     let other = page(2, 2, 2);
-    assert_eq!(compare(&mut m, xxhash_rust::xxh3::xxh3_128(&other), &other), None, "b lacks this one");
-    assert_eq!(compare(&mut m, h0 ^ 1, &p0), None, "a hash that does not match the bytes");
-    assert!(fetch(&mut m, pin));
-    // Another peer cannot read or release m's pin.
-    let mut e = peer_conn(b.port);
-    assert_eq!(peer_call(&mut e, &hello(SECRET, "e")).unwrap().0, 0);
-    assert!(!fetch(&mut e, pin));
-    let (_, r) = peer_call(&mut e, &PeerRequest::Unpin { pins: vec![pin] }).unwrap();
+    assert_eq!(compare(&mut ms, xxhash_rust::xxh3::xxh3_128(&other), &other), None, "b lacks this one");
+    assert_eq!(compare(&mut ms, h0 ^ 1, &p0), None, "a hash that does not match the bytes");
+    assert!(fetch(&mut ms, pin));
+    // Another member cannot read or release m's pin.
+    let mut es = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut es, "e", 5, &e.key), Some(0));
+    assert!(!fetch(&mut es, pin));
+    let (_, r) = peer_call(&mut es, &PeerRequest::Unpin { pins: vec![pin] }).unwrap();
     assert_eq!(PeerResponse::decode(PeerOp::Unpin as u8, &r, 4096).unwrap(), PeerResponse::Unpinned(0));
     assert_eq!(pins_held(&db), 1);
-    let (_, r) = peer_call(&mut m, &PeerRequest::Unpin { pins: vec![pin] }).unwrap();
+    let (_, r) = peer_call(&mut ms, &PeerRequest::Unpin { pins: vec![pin] }).unwrap();
     assert_eq!(PeerResponse::decode(PeerOp::Unpin as u8, &r, 4096).unwrap(), PeerResponse::Unpinned(1));
     assert_eq!(pins_held(&db), 0);
-    assert!(!fetch(&mut m, pin), "an unpinned page is gone");
+    assert!(!fetch(&mut ms, pin), "an unpinned page is gone");
 }
-
 /// Defect 9: co-operative de-duplication was a content oracle across hosts. VM 2 on host C put copies of
 /// pages VM 1 held on host A and wrong guesses; its own `remotified`, its hits and its latencies told
 /// the right guesses from the wrong ones, because every VM's evicted pages were offered to peers. Now
@@ -544,7 +622,7 @@ fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
 /// host): VM 2, in its own domain (the default), offers nothing and learns nothing.
 #[test]
 fn regression_coop_content_oracle_across_hosts() {
-    let (a_node, c_node) = (Node { name: "a", port: free_port() }, Node { name: "c", port: free_port() });
+    let (a_node, c_node) = (node("a"), node("c"));
     let (v1, v2) = (vm(1), vm(2));
     let a = start_node(&a_node, &[&c_node], &v1, 4096);
     let c = start_node_in(&c_node, &[&a_node], &v2, MEM_PAGES, "");
@@ -575,15 +653,14 @@ fn regression_coop_content_oracle_across_hosts() {
 /// displacing the oldest silent one, and a real peer still gets in meanwhile.
 #[test]
 fn regression_peer_listener_without_deadline_or_limit() {
-    use dd_coop::wire::{PeerRequest, PeerStatus};
+    use dd_coop::wire::PeerStatus;
     let v = vm(1);
-    let b = Node { name: "b", port: free_port() };
-    let db = start_node(&b, &[], &v, 1024);
+    let (b, m) = (node("b"), node("m"));
+    let db = start_node(&b, &[&m], &v, 1024);
     let mut silent: Vec<std::net::TcpStream> = (0..150).map(|_| peer_conn(b.port)).collect();
     // A peer that says HELLO is served although 150 silent connections came first.
     let mut s = peer_conn(b.port);
-    let hello = PeerRequest::Hello { name: "m", epoch: 5, secret: SECRET.as_bytes() };
-    let (st, _) = peer_call(&mut s, &hello).expect("a HELLO answer past 150 silent connections");
+    let st = peer_handshake(&mut s, "m", 5, &m.key).expect("a HELLO answer past 150 silent connections");
     assert_eq!(st, PeerStatus::OK.0);
     // Every silent connection is closed (displaced or by the handshake deadline).
     for c in &mut silent {
@@ -598,4 +675,52 @@ fn regression_peer_listener_without_deadline_or_limit() {
     // The data plane and the admin API were served throughout.
     db.tcp_client(&v).ping().unwrap();
     assert_eq!(db.http("GET", "/healthz", None, None).0, 200);
+}
+
+/// Defect 8: one shared secret let any holder be any node. A holder of `peer_secret` said HELLO under
+/// names outside the membership, fetched and unpinned other nodes' pins (numbered 1, 2, 3...), and a
+/// HELLO under another node's name with a new epoch released every pin held for it. Now each node
+/// proves its name with its own key: a member (here `a`, holding only its own key) cannot pass for
+/// `c`, a name outside the membership is refused, and pin handles are unguessable and only `c`'s.
+#[test]
+fn regression_one_shared_secret_lets_any_holder_be_any_node() {
+    use dd_coop::wire::{PeerOp, PeerRequest, PeerResponse, PeerStatus};
+    let v = vm(1);
+    let (a, b, c, mallory) = (node("a"), node("b"), node("c"), node("mallory"));
+    let db = start_node(&b, &[&c, &a], &v, 4096);
+    let dc = start_node(&c, &[&b], &v, MEM_PAGES);
+    let mut cb = db.tcp_client(&v);
+    let pb = pool(&mut cb);
+    put_file(&mut cb, pb, 1, 1, 40);
+    publish(&db, 1);
+    let mut cc = dc.tcp_client(&v);
+    let pc = pool(&mut cc);
+    put_file(&mut cc, pc, 1, 1, 40);
+    put_file(&mut cc, pc, 5, 5, MEM_PAGES);
+    let remotified = n(&settle(&dc), "remotified");
+    assert_eq!((remotified, pins_held(&db)), (40, 40));
+
+    // A name outside the membership is refused at its HELLO, whatever key it signs with.
+    let mut s = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut s, "mallory", 5, &mallory.key), Some(PeerStatus::AUTH_FAILED.0));
+    // A member cannot say HELLO as c (new epoch): refused, and c's pins stay.
+    let mut s = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut s, "c", 77, &a.key), Some(PeerStatus::AUTH_FAILED.0), "a passed for c");
+    assert_eq!(pins_held(&db), remotified, "a HELLO under c's name released c's pins");
+    // As itself, a finds none of c's pins, however it numbers them, and releases none.
+    let mut s = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut s, "a", 5, &a.key), Some(0));
+    let guesses: Vec<u64> = (0..=4 * remotified).chain([u64::MAX, 1 << 32, 1 << 63]).collect();
+    for &pin in &guesses {
+        let (st, p) = peer_call(&mut s, &PeerRequest::Fetch { pin }).unwrap();
+        assert_eq!(st, 0);
+        let got = PeerResponse::decode(PeerOp::Fetch as u8, &p, 4096).unwrap();
+        assert_eq!(got, PeerResponse::Fetched(None), "a fetched pin {pin} of c's");
+    }
+    let (_, r) = peer_call(&mut s, &PeerRequest::Unpin { pins: guesses }).unwrap();
+    assert_eq!(PeerResponse::decode(PeerOp::Unpin as u8, &r, 4096).unwrap(), PeerResponse::Unpinned(0));
+    assert_eq!(pins_held(&db), remotified);
+    // c, the real node, still gets every page back from b.
+    assert_eq!(get_file(&mut cc, pc, 1, 1, 40), (40, 0));
+    assert!(n(&coop(&db), "auth_failures") >= 2);
 }
