@@ -4,7 +4,6 @@
 //! experiment, and faults (peer killed, restarted empty, partitioned by SIGSTOP) give clean misses
 //! within the timeout and never wrong data.
 
-
 mod common;
 mod coopkit;
 
@@ -246,4 +245,3 @@ fn etcd_membership_finds_peers_and_drops_dead_ones() {
     }
     assert_eq!(n(&coop(&dc), "remote_gets_missed"), 16);
 }
-

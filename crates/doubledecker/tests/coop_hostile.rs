@@ -176,7 +176,6 @@ fn regression_one_shared_secret_lets_any_holder_be_any_node() {
     assert!(n(&coop(&db), "auth_failures") >= 2);
 }
 
-
 /// Smaller defect: references to a dead peer's epoch were never cleaned. C remotified 40 pages to B;
 /// B was killed and restarted empty (a new epoch, every pin gone), yet C's pool kept counting the 40
 /// references in `remote_pages` for ever. Now the first connect that sees B's new epoch drops them.
@@ -233,6 +232,7 @@ fn regression_peer_failures_only_in_counters() {
     }
     assert!(n(&coop(&dc), "peer_failures") >= 2);
     let log = dc.log();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains("peer b (127.0.0.1:") && l.contains("failed")).collect();
+    let lines: Vec<&str> =
+        log.lines().filter(|l| l.contains("peer b (127.0.0.1:") && l.contains("failed")).collect();
     assert_eq!(lines.len(), 1, "one failure report per LOG_EVERY, naming the peer: {log}");
 }

@@ -66,7 +66,14 @@ pub fn start_node_logged(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64)
     start_node_as(me, peers, v, mem_pages, "peers", true)
 }
 
-fn start_node_as(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64, group: &str, logged: bool) -> Daemon {
+fn start_node_as(
+    me: &Node,
+    peers: &[&Node],
+    v: &TestVm,
+    mem_pages: u64,
+    group: &str,
+    logged: bool,
+) -> Daemon {
     let mut extra = format!(
         "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
          node_name = {:?}\ndedup_group = \"peers\"\nkey_file = {:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 5000\n\
@@ -165,7 +172,6 @@ pub fn wait_pins(d: &Daemon, want: u64) {
     }
 }
 
-
 /// Remotifies `pages` pages of file 1 from C to B; returns (B, C, clients and pools).
 pub fn remotified_pair(
     b: &Node,
@@ -250,7 +256,13 @@ impl Drop for EtcdServer {
 
 /// A daemon on etcd membership: `members` are the other nodes it accepts (names and keys; their
 /// addresses come from etcd).
-pub fn start_etcd_node(me: &Node, members: &[&Node], etcd: &EtcdServer, v: &TestVm, mem_pages: u64) -> Daemon {
+pub fn start_etcd_node(
+    me: &Node,
+    members: &[&Node],
+    etcd: &EtcdServer,
+    v: &TestVm,
+    mem_pages: u64,
+) -> Daemon {
     let mut members_toml = String::from("peers = [");
     for p in members {
         members_toml.push_str(&format!(
@@ -290,7 +302,10 @@ pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// Speaks the peer protocol by hand: one request, one response (status, payload).
-pub fn peer_call(s: &mut std::net::TcpStream, req: &dd_coop::wire::PeerRequest<'_>) -> Option<(u16, Vec<u8>)> {
+pub fn peer_call(
+    s: &mut std::net::TcpStream,
+    req: &dd_coop::wire::PeerRequest<'_>,
+) -> Option<(u16, Vec<u8>)> {
     use dd_coop::wire::{parse_header, HEADER_LEN};
     use std::io::{Read, Write};
     let mut buf = Vec::new();
@@ -336,4 +351,3 @@ pub fn peer_handshake(s: &mut std::net::TcpStream, name: &str, epoch: u64, key: 
     let signature = key.sign(Role::Client, &t);
     peer_call(s, &PeerRequest::Auth { signature }).map(|(st, _)| st)
 }
-
