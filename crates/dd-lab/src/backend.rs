@@ -137,10 +137,11 @@ pub fn engine_config(cfg: &BackendConfig) -> EngineConfig {
 /// The real engine, in-process, with inline maintenance (deterministic).
 pub struct InProcess {
     cache: Cache,
-    /// Pool handles indexed by pool id (the engine numbers pools from 1, one per emulated container):
-    /// the data path skips the engine's pool-table lookup (`bench lab` measured it at about 8% of a
-    /// run).
-    handles: Vec<Option<PoolHandle>>,
+    /// Pool handles indexed by VM id, then pool id (the lab numbers VMs from 1, the engine numbers each
+    /// VM's pools from 1, one per emulated container; pool ids are per VM, so the VM is part of the
+    /// index): the data path skips the engine's pool-table lookup (`bench lab` measured it at about 8% of
+    /// a run).
+    handles: Vec<Vec<Option<PoolHandle>>>,
 }
 
 impl InProcess {
@@ -152,9 +153,12 @@ impl InProcess {
     /// The handle of a live pool of `vm`. Every live pool has one, so a missing handle is the engine's
     /// answer for a pool that does not exist or belongs to another VM.
     fn handle(&self, vm: u32, pool: u32) -> Result<&PoolHandle, LabError> {
-        match self.handles.get(pool as usize).and_then(Option::as_ref) {
-            Some(h) if h.vm() == VmId(vm) => Ok(h),
-            _ => Err(dd_engine::CacheError::UnknownPool(PoolId(pool)).into()),
+        match self.handles.get(vm as usize).and_then(|p| p.get(pool as usize)).and_then(Option::as_ref) {
+            Some(h) => {
+                debug_assert_eq!(h.vm(), VmId(vm), "a handle is filed under its own VM");
+                Ok(h)
+            }
+            None => Err(dd_engine::CacheError::UnknownPool(PoolId(pool)).into()),
         }
     }
 }
@@ -170,16 +174,20 @@ impl CacheOps for InProcess {
     fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError> {
         let id = self.cache.new_pool(VmId(vm), opts)?;
         let h = self.cache.pool_handle(VmId(vm), id)?;
-        let i = id.0 as usize;
-        if self.handles.len() <= i {
-            self.handles.resize(i + 1, None);
+        let (v, i) = (vm as usize, id.0 as usize);
+        if self.handles.len() <= v {
+            self.handles.resize_with(v + 1, Vec::new);
         }
-        self.handles[i] = Some(h);
+        let pools = &mut self.handles[v];
+        if pools.len() <= i {
+            pools.resize(i + 1, None);
+        }
+        pools[i] = Some(h);
         Ok(id.0)
     }
     fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
         self.cache.destroy_pool(VmId(vm), PoolId(pool))?;
-        if let Some(h) = self.handles.get_mut(pool as usize) {
+        if let Some(h) = self.handles.get_mut(vm as usize).and_then(|p| p.get_mut(pool as usize)) {
             *h = None;
         }
         Ok(())
@@ -453,6 +461,25 @@ mod tests {
         }
         b.destroy_pool(1, p).unwrap();
         assert!(b.put(1, p, 1, 0, 1).is_err(), "a destroyed pool");
+    }
+
+    /// Pool ids are numbered per VM, so two emulated VMs each get pool 1. The in-process backend once
+    /// kept its pool handles by pool id alone: VM 2's pool 1 replaced VM 1's, and VM 1's next put
+    /// failed with `unknown pool 1` (CI's fig5-table1-split run).
+    #[test]
+    fn regression_two_vms_with_the_same_pool_id_keep_their_own_pools() {
+        let (mut b, p1) = one_pool(PoolKind::Ephemeral);
+        b.add_vm(2, 100, 100).unwrap();
+        let p2 = b.new_pool(2, PoolKind::Ephemeral, Spec::Mem { weight: 100 }).unwrap();
+        assert_eq!(p1, p2, "pool ids are per VM: both VMs' first pool has the same id");
+        b.put(1, p1, 7, 3, 1).unwrap();
+        b.put(2, p2, 7, 3, 2).unwrap();
+        assert_eq!(b.get(1, p1, 7, 3, 1).unwrap(), Some(StoreKind::Mem));
+        assert_eq!(b.get(2, p2, 7, 3, 2).unwrap(), Some(StoreKind::Mem));
+        b.destroy_pool(2, p2).unwrap();
+        b.put(1, p1, 7, 4, 1).unwrap();
+        assert_eq!(b.get(1, p1, 7, 4, 1).unwrap(), Some(StoreKind::Mem), "VM 2's destroy left VM 1's pool");
+        assert!(b.put(2, p2, 7, 4, 1).is_err(), "VM 2's destroyed pool is gone");
     }
 
     #[test]

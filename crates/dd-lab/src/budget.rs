@@ -77,7 +77,7 @@ pub fn estimate_variant(
         let mem = cfg.mem_max_pages.max(cfg.mem_pages);
         // A store no spec of the run ever uses holds no page (e.g. the SSD store of a memory-only
         // variant): neither its index nor its file grows.
-        let ssd = if uses_store(s, StoreKind::Ssd) { cfg.ssd_pages } else { 0 };
+        let ssd = if s.uses_store(StoreKind::Ssd) { cfg.ssd_pages } else { 0 };
         let frames = mem * ep + 2 * ep * 4096; // + the SSD writer's queue of page buffers
         let index = (mem + ssd) * ENGINE_INDEX_BYTES_PER_PAGE;
         (frames + index, if scratch_in_memory { ssd * ep } else { 0 })
@@ -85,18 +85,6 @@ pub fn estimate_variant(
         (0, 0)
     };
     VariantEstimate { variant: variant.to_string(), engine_bytes, scratch_bytes, guest_bytes: guest_bytes(s) }
-}
-
-/// Whether any spec of the run (containers' caches and swap caches, timeline changes) puts pages in
-/// `store`.
-fn uses_store(s: &Scenario, store: StoreKind) -> bool {
-    let containers = s.vms.iter().flat_map(|vm| &vm.containers);
-    let specs = containers.flat_map(|c| std::iter::once(c.cache).chain(c.swap_cache));
-    let changes = s.timeline.iter().filter_map(|e| match e {
-        Event::SetCache { cache, .. } => Some(*cache),
-        _ => None,
-    });
-    specs.chain(changes).any(|spec| spec.uses(store))
 }
 
 fn guest_bytes(s: &Scenario) -> u64 {

@@ -685,6 +685,18 @@ impl Scenario {
         self.vms.iter().enumerate().flat_map(|(vi, vm)| vm.containers.iter().map(move |c| (vi, vm, c)))
     }
 
+    /// Whether any spec of the run (containers' caches and swap caches, timeline changes) puts pages in
+    /// `store`.
+    pub fn uses_store(&self, store: dd_engine::StoreKind) -> bool {
+        let containers = self.vms.iter().flat_map(|vm| &vm.containers);
+        let specs = containers.flat_map(|c| std::iter::once(c.cache).chain(c.swap_cache));
+        let changes = self.timeline.iter().filter_map(|e| match e {
+            Event::SetCache { cache, .. } => Some(*cache),
+            _ => None,
+        });
+        specs.chain(changes).any(|spec| spec.uses(store))
+    }
+
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), LabError> {
         let bad = |f: &str, m: &str| Err(LabError::invalid(f, m));

@@ -201,3 +201,40 @@ fn set_vm_weights_may_change_one_weight() {
     let e = Scenario::from_toml(&none).unwrap_err().to_string();
     assert!(e.contains("timeline[0].mem"), "{e}");
 }
+
+/// A memory-only run gets no SSD store (its file would take the store's whole capacity of disk for the
+/// length of the run, fig9's memory-only variants 16 GiB) and gives the same result as with one; a
+/// scenario whose specs use the store, or whose timeline resizes it, keeps it.
+#[test]
+fn a_store_no_spec_uses_is_left_out_and_changes_no_output() {
+    use dd_lab::backend::EngineBackend;
+    let mem_only = SSD_SCENARIO.replace(
+        r#"cache = { type = "hybrid", mem_weight = 100, ssd_weight = 100 }"#,
+        r#"cache = { type = "mem", weight = 100 }"#,
+    );
+    let sc = Scenario::from_toml(&mem_only).unwrap().scaled();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dd_lab::backend_config(&sc, dir.path());
+    assert_eq!(cfg.ssd_pages, 0, "an SSD store nothing uses");
+    let with_store = dd_lab::backend::BackendConfig { ssd_pages: 32 * 2048, ..cfg.clone() };
+    let v = sc.variant_list().remove(0);
+    let run = |cfg: &dd_lab::backend::BackendConfig| {
+        let s = dd_lab::sim::apply_variant(&sc, &v);
+        let r = dd_lab::sim::Sim::new(&s, &v, EngineBackend::new(cfg).unwrap(), &|_: &str| Ok(String::new()))
+            .unwrap()
+            .run(&mut |_| {})
+            .unwrap();
+        format!("{r:?}")
+    };
+    assert!(run(&cfg) == run(&with_store), "leaving the unused SSD store out changed the result");
+
+    let hybrid = Scenario::from_toml(SSD_SCENARIO).unwrap().scaled();
+    assert!(dd_lab::backend_config(&hybrid, dir.path()).ssd_pages > 0, "a spec uses it");
+    let mut resized = sc.clone();
+    resized.timeline.push(dd_lab::scenario::Event::SetCapacity {
+        at_s: 10.0,
+        store: dd_engine::StoreKind::Ssd,
+        mib: 16.0,
+    });
+    assert!(dd_lab::backend_config(&resized, dir.path()).ssd_pages > 0, "the timeline resizes it");
+}
