@@ -63,7 +63,7 @@ impl Endpoint {
 }
 
 /// Back-off bounds. Default: 50 ms first, doubling up to 2 s (a restarted local daemon is found again
-/// within about 2 s; `docs/decisions.md` D18).
+/// within about 2 s; `docs/decisions.md` D19).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackoffPolicy {
     pub initial: Duration,

@@ -1,4 +1,4 @@
-//! `doubledecker serve` and `doubledecker config default`: run the host cache manager (`dd-server`)
+//! `doubledecker serve`, `doubledecker config default|check|coop-key`: run the host cache manager (`dd-server`)
 //! on a multi-threaded tokio runtime until SIGINT/SIGTERM.
 
 use anyhow::{Context, Result};
@@ -18,6 +18,9 @@ pub enum ConfigCommand {
     Default,
     /// Check a configuration file and print the configuration it gives.
     Check { file: PathBuf },
+    /// A co-operative de-duplication key (`coop.key_file`): creates FILE (mode 0600) if it does not
+    /// exist, and prints its public key, which goes into the other members' `coop.peers`.
+    CoopKey { file: PathBuf },
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -46,6 +49,10 @@ pub fn config(c: ConfigCommand) -> Result<()> {
         ConfigCommand::Check { file } => {
             let cfg = dd_server::ServerConfig::load(Some(&file))?;
             print!("{}", toml::to_string(&cfg)?);
+        }
+        ConfigCommand::CoopKey { file } => {
+            let key = dd_server::coop::load_or_create_key(&file)?;
+            println!("{}", key.public_text());
         }
     }
     Ok(())

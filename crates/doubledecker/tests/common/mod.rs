@@ -45,6 +45,20 @@ impl Daemon {
     /// [`Daemon::start`] with top-level keys `top` (before any table) and the `[engine.mem]` table's
     /// body `mem` chosen by the test.
     pub fn start_with(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, false)
+    }
+
+    /// [`Daemon::start_with`] with the daemon's stderr (its log) kept in a file: see [`Daemon::log`].
+    pub fn start_logged(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, true)
+    }
+
+    /// The daemon's log so far (daemons started with [`Daemon::start_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).expect("a logged daemon")
+    }
+
+    fn start_inner(vms: &[&TestVm], top: &str, mem: &str, extra: &str, logged: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut cfg = format!(
@@ -63,7 +77,12 @@ impl Daemon {
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
-        let (child, bound) = spawn_and_wait(&cfg_path, &ready);
+        let stderr = if logged {
+            Stdio::from(std::fs::File::create(dir.path().join("stderr.log")).expect("log file"))
+        } else {
+            Stdio::inherit()
+        };
+        let (child, bound) = spawn_and_wait(&cfg_path, &ready, stderr);
         Daemon {
             child: Some(child),
             tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
@@ -92,7 +111,13 @@ impl Daemon {
     pub fn restart(&mut self) {
         let ready = self.dir.path().join("ready.json");
         let _ = std::fs::remove_file(&ready);
-        let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready);
+        // A logged daemon's log goes on in the same file.
+        let log = self.dir.path().join("stderr.log");
+        let stderr = match std::fs::OpenOptions::new().append(true).open(&log) {
+            Ok(f) => Stdio::from(f),
+            Err(_) => Stdio::inherit(),
+        };
+        let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready, stderr);
         self.child = Some(child);
         self.tcp = bound["tcp"].as_str().unwrap().parse().unwrap();
         self.admin = format!("http://{}", bound["admin"].as_str().unwrap());
@@ -155,11 +180,12 @@ pub fn dd_bin() -> std::path::PathBuf {
 
 /// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
 /// listener is bound). The wait is a bound on start-up, not a timing assertion.
-fn spawn_and_wait(cfg: &std::path::Path, ready: &std::path::Path) -> (Child, serde_json::Value) {
+fn spawn_and_wait(cfg: &std::path::Path, ready: &std::path::Path, stderr: Stdio) -> (Child, serde_json::Value) {
     let mut child = Command::new(dd_bin())
         .args(["serve", "--config"])
         .arg(cfg)
         .stdin(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("start doubledecker serve");
     let deadline = Instant::now() + Duration::from_secs(60);
