@@ -180,7 +180,11 @@ pub fn dd_bin() -> std::path::PathBuf {
 
 /// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
 /// listener is bound). The wait is a bound on start-up, not a timing assertion.
-fn spawn_and_wait(cfg: &std::path::Path, ready: &std::path::Path, stderr: Stdio) -> (Child, serde_json::Value) {
+fn spawn_and_wait(
+    cfg: &std::path::Path,
+    ready: &std::path::Path,
+    stderr: Stdio,
+) -> (Child, serde_json::Value) {
     let mut child = Command::new(dd_bin())
         .args(["serve", "--config"])
         .arg(cfg)
