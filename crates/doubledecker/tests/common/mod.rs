@@ -71,9 +71,13 @@ impl Daemon {
         cfg.push_str(extra);
         for v in vms {
             cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\ndedup_group = {:?}\n",
-                v.id, v.data_token, v.admin_token, v.dedup_group
+                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
+                v.id, v.data_token, v.admin_token
             ));
+            // Only when set (the default is ""), so that an older daemon (DD_TEST_BINARY) starts too.
+            if !v.dedup_group.is_empty() {
+                cfg.push_str(&format!("dedup_group = {:?}\n", v.dedup_group));
+            }
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
@@ -82,7 +86,11 @@ impl Daemon {
         } else {
             Stdio::inherit()
         };
-        let child = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+        // DD_TEST_BINARY runs the tests against another build (e.g. an older commit's, to see a
+        // regression test fail before its fix); by default, this build's.
+        let binary =
+            std::env::var_os("DD_TEST_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into());
+        let child = Command::new(binary)
             .args(["serve", "--config"])
             .arg(&cfg_path)
             .stdin(Stdio::null())
