@@ -371,7 +371,7 @@ mod tests {
         let cfg = crate::ServerConfig::from_toml(&format!(
             "ssd_enabled = false\n[auth]\nhost_admin_token = \"test-host-token-0001\"\n\
              [limits]\nmax_payload_bytes = {max_payload}\n\
-             [engine]\nmaintenance = \"inline\"\n[engine.mem]\ncapacity_bytes = 1048576\n\
+             [engine]\nmaintenance = \"inline\"\nmax_batch_pages = 2\n[engine.mem]\ncapacity_bytes = 1048576\n\
              [[vms]]\nid = 1\ndata_token = \"{TOKEN}\"\nadmin_token = \"test-admin-token-001\"\n"
         ))
         .unwrap();
@@ -420,7 +420,7 @@ mod tests {
     /// the connection closed; VM_STATS of a VM with many pools stays within a small frame limit.
     #[test]
     fn pre_authentication_limit_and_stats_within_the_frame_limit() {
-        let st = state(4096);
+        let st = state(16384);
         let mut sess = Session::new();
         let mut input = Vec::new();
         Header {
