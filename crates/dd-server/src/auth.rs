@@ -149,13 +149,14 @@ pub fn generate_token() -> String {
 
 /// Why a token is not acceptable (the admin API names the field).
 pub fn token_problem(t: &str) -> Option<&'static str> {
-    if t.len() < crate::config::MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
-        return Some("must be 16 to 256 characters");
-    }
     // Printable ASCII only: a character is a byte (the data plane's limit is in bytes) and no
-    // whitespace can be lost or added by an HTTP header.
+    // whitespace can be lost or added by an HTTP header. Checked first, so that the length below
+    // counts characters (issue 12: 200 two-byte characters were refused as "more than 256").
     if !t.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
         return Some("must be printable ASCII without spaces (0x21-0x7e)");
+    }
+    if t.len() < crate::config::MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
+        return Some("must be 16 to 256 characters");
     }
     None
 }

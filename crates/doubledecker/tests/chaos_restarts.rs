@@ -13,7 +13,7 @@
 //! * the watcher SIGKILLed and started again adopts its pools (no duplicates).
 //!
 //! `#[ignore]`d in `./scripts/test` (it takes about a minute of real time and needs root, FUSE and a
-//! memory cgroup controller); skipped with a SKIPPED line where those are missing. `DD_TEST_BIN` runs
+//! memory cgroup controller); skipped with a SKIPPED line where those are missing. `DD_TEST_BINARY` runs
 //! it against another build (that is how it was seen failing on `main` before the fix).
 
 mod common;

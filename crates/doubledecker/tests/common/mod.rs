@@ -71,9 +71,13 @@ impl Daemon {
         cfg.push_str(extra);
         for v in vms {
             cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\ndedup_group = {:?}\n",
-                v.id, v.data_token, v.admin_token, v.dedup_group
+                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
+                v.id, v.data_token, v.admin_token
             ));
+            // Only when set (the default is ""), so that an older daemon (DD_TEST_BINARY) starts too.
+            if !v.dedup_group.is_empty() {
+                cfg.push_str(&format!("dedup_group = {:?}\n", v.dedup_group));
+            }
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
@@ -172,10 +176,10 @@ impl Daemon {
     }
 }
 
-/// The `doubledecker` binary under test: this build's, or `DD_TEST_BIN` (to see a regression test fail
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BINARY` (to see a regression test fail
 /// against an older build, e.g. one of `main` before a fix).
 pub fn dd_bin() -> std::path::PathBuf {
-    std::env::var_os("DD_TEST_BIN").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+    std::env::var_os("DD_TEST_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
 }
 
 /// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every

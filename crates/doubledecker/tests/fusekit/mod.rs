@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `doubledecker` binary under test: this build's, or `DD_TEST_BIN` (an older build, to see a
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BINARY` (an older build, to see a
 /// regression test fail before its fix).
 pub fn dd_bin() -> PathBuf {
-    std::env::var_os("DD_TEST_BIN").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+    std::env::var_os("DD_TEST_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
 }
 
 /// Where containers' cgroups can be made: a v1 memory hierarchy or a v2 one with the memory controller.
