@@ -31,21 +31,21 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     rt.block_on(dd_server::run(cfg, dd_server::shutdown_signal(), |b| {
         let tcp = b.tcp.map_or("off".to_string(), |a| a.to_string());
         let unix = b.unix.as_ref().map_or("off".to_string(), |p| p.display().to_string());
-        eprintln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API http://{}", b.admin);
+        errln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API http://{}", b.admin);
         if let Some(t) = &b.token_file {
-            eprintln!("doubledecker serve: host admin token in {}", t.display());
+            errln!("doubledecker serve: host admin token in {}", t.display());
         }
     }))?;
-    eprintln!("doubledecker serve: stopped");
+    errln!("doubledecker serve: stopped");
     Ok(())
 }
 
 pub fn config(c: ConfigCommand) -> Result<()> {
     match c {
-        ConfigCommand::Default => print!("{}", dd_server::config::DEFAULT_TOML),
+        ConfigCommand::Default => out!("{}", dd_server::config::DEFAULT_TOML),
         ConfigCommand::Check { file } => {
             let cfg = dd_server::ServerConfig::load(Some(&file))?;
-            print!("{}", toml::to_string(&cfg)?);
+            out!("{}", toml::to_string(&cfg)?);
         }
     }
     Ok(())
