@@ -25,6 +25,7 @@ pub mod handler;
 pub mod metrics;
 pub mod net;
 pub mod state;
+pub mod ui;
 
 pub use config::ServerConfig;
 pub use state::ServerState;
