@@ -135,12 +135,12 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
                 for (n, &p) in pools.iter().enumerate() {
                     let key = Key::new(n as u64 + 1, i % 512);
                     c.put(p, key, &page(7, n as u64, i % 512)).unwrap();
-                    if i % 3 == 0 {
+                    if i.is_multiple_of(3) {
                         let _ = c.get(p, Key::new(n as u64 + 1, (i / 3) % 512), &mut buf).unwrap();
                     }
                 }
                 i += 1;
-                if i % 256 == 0 {
+                if i.is_multiple_of(256) {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
