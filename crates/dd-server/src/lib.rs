@@ -287,7 +287,8 @@ pub async fn run(
     drop(done_tx);
 
     if let Some(l) = coop_listener {
-        let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name())?;
+        let key = coop::load_or_create_key(&cfg.in_data_dir(&cfg.coop.key_file))?;
+        let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name(), key)?;
         let _ = state.coop.set(coop.clone());
         let (st, c, stop) = (state.clone(), coop.clone(), stop_rx.clone());
         // Peer connections have slots of their own (no per-VM cap: every peer counts as one "VM").

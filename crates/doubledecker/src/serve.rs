@@ -1,4 +1,4 @@
-//! `doubledecker serve` and `doubledecker config default`: run the host cache manager (`dd-server`)
+//! `doubledecker serve`, `doubledecker config default|check|coop-key`: run the host cache manager (`dd-server`)
 //! on a multi-threaded tokio runtime until SIGINT/SIGTERM.
 
 use anyhow::{Context, Result};
@@ -27,6 +27,12 @@ pub enum ConfigCommand {
         /// Print nothing when the file is good (for scripts and systemd's ExecStartPre).
         #[arg(long)]
         quiet: bool,
+    },
+    /// A co-operative de-duplication key (`coop.key_file`): creates FILE (mode 0600) if it does not
+    /// exist, and prints its public key, which goes into the other members' `coop.peers`.
+    CoopKey {
+        /// The key file.
+        file: PathBuf,
     },
 }
 
@@ -84,6 +90,10 @@ pub fn config(c: ConfigCommand) -> Result<()> {
                     out!("{text}");
                 }
             }
+        }
+        ConfigCommand::CoopKey { file } => {
+            let key = dd_server::coop::load_or_create_key(&file)?;
+            outln!("{}", key.public_text());
         }
     }
     Ok(())

@@ -45,6 +45,20 @@ impl Daemon {
     /// [`Daemon::start`] with top-level keys `top` (before any table) and the `[engine.mem]` table's
     /// body `mem` chosen by the test.
     pub fn start_with(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, false)
+    }
+
+    /// [`Daemon::start_with`] with the daemon's stderr (its log) kept in a file: see [`Daemon::log`].
+    pub fn start_logged(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, true)
+    }
+
+    /// The daemon's log so far (daemons started with [`Daemon::start_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).expect("a logged daemon")
+    }
+
+    fn start_inner(vms: &[&TestVm], top: &str, mem: &str, extra: &str, logged: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut cfg = format!(
@@ -63,10 +77,16 @@ impl Daemon {
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
+        let stderr = if logged {
+            Stdio::from(std::fs::File::create(dir.path().join("stderr.log")).expect("log file"))
+        } else {
+            Stdio::inherit()
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
             .args(["serve", "--config"])
             .arg(&cfg_path)
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start doubledecker serve");
         // Wait for the ready file (written atomically once every listener is bound). This is a bound on
