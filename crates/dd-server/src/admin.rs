@@ -182,6 +182,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
         .route("/v1/vm/stats", get(vm_stats))
+        .merge(crate::ui::router())
         .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")

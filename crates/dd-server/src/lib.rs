@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod net;
 pub mod persist;
 pub mod state;
+pub mod ui;
 
 pub use config::ServerConfig;
 pub use state::ServerState;

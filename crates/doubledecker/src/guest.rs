@@ -20,6 +20,9 @@ pub struct WatchArgs {
     /// The watcher's TOML configuration.
     #[arg(long)]
     config: PathBuf,
+    /// This VM's data-plane token (printed by `vm add`); overrides the file's `daemon.data_token`.
+    #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Reconcile once and exit, leaving the pools in place (for scripts).
     #[arg(long)]
     once: bool,
@@ -28,7 +31,19 @@ pub struct WatchArgs {
 pub fn run(cmd: GuestCommand) -> Result<()> {
     match cmd {
         GuestCommand::Watch(a) => {
-            let cfg = WatchConfig::from_file(&a.config)?;
+            let cfg = match &a.token {
+                // The file may leave the token out; it is checked once the flag is in.
+                Some(t) => {
+                    let text = std::fs::read_to_string(&a.config)
+                        .with_context(|| format!("reading {}", a.config.display()))?;
+                    let mut cfg: WatchConfig =
+                        toml::from_str(&text).with_context(|| format!("in {}", a.config.display()))?;
+                    cfg.daemon.data_token = t.clone();
+                    cfg.validate()?;
+                    cfg
+                }
+                None => WatchConfig::from_file(&a.config)?,
+            };
             let interval = Duration::from_millis(cfg.poll_interval_ms);
             let mut w = Watcher::new(cfg)?;
             if a.once {
@@ -36,7 +51,7 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
                 if ch.away {
                     anyhow::bail!("the daemon at {} cannot be reached", w.config().endpoint().address());
                 }
-                println!("{}", serde_json::to_string(&ch)?);
+                outln!("{}", serde_json::to_string(&ch)?);
                 return Ok(());
             }
             let stop = Arc::new(AtomicBool::new(false));
@@ -46,22 +61,22 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
             while !stop.load(Ordering::Relaxed) {
                 let ch = w.round()?;
                 if !ch.lost.is_empty() {
-                    eprintln!(
+                    errln!(
                         "guest watch: the daemon restarted; creating the pools of {} again",
                         ch.lost.join(", ")
                     );
                 }
                 for n in &ch.adopted {
-                    eprintln!("guest watch: {n}: pool {} adopted", w.pools()[n].pool.0);
+                    errln!("guest watch: {n}: pool {} adopted", w.pools()[n].pool.0);
                 }
                 for n in &ch.created {
-                    eprintln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
+                    errln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
                 }
                 for n in &ch.respecified {
-                    eprintln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
+                    errln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
                 }
                 for n in &ch.destroyed {
-                    eprintln!("guest watch: {n}: pool destroyed");
+                    errln!("guest watch: {n}: pool destroyed");
                 }
                 std::thread::sleep(interval);
             }
