@@ -109,12 +109,19 @@ pub enum WatchError {
 }
 
 impl WatchConfig {
+    /// Reads and validates `path`; the data token is `DD_VM_DATA_TOKEN` when set, else the file's.
     pub fn from_file(path: &Path) -> Result<WatchConfig, WatchError> {
+        WatchConfig::load(path, None)
+    }
+
+    /// Reads and validates `path` with the data token taken, in order, from `token` (a command-line
+    /// flag), `DD_VM_DATA_TOKEN`, or the file (which may then leave it out).
+    pub fn load(path: &Path, token: Option<&str>) -> Result<WatchConfig, WatchError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| WatchError::Read { path: path.into(), source })?;
         let mut cfg: WatchConfig = toml::from_str(&text)
             .map_err(|e| WatchError::Parse { path: path.into(), message: e.to_string() })?;
-        if let Ok(t) = std::env::var("DD_VM_DATA_TOKEN") {
+        if let Some(t) = token.map(str::to_owned).or_else(|| std::env::var("DD_VM_DATA_TOKEN").ok()) {
             cfg.daemon.data_token = t;
         }
         cfg.validate()?;

@@ -31,19 +31,7 @@ pub struct WatchArgs {
 pub fn run(cmd: GuestCommand) -> Result<()> {
     match cmd {
         GuestCommand::Watch(a) => {
-            let cfg = match &a.token {
-                // The file may leave the token out; it is checked once the flag is in.
-                Some(t) => {
-                    let text = std::fs::read_to_string(&a.config)
-                        .with_context(|| format!("reading {}", a.config.display()))?;
-                    let mut cfg: WatchConfig =
-                        toml::from_str(&text).with_context(|| format!("in {}", a.config.display()))?;
-                    cfg.daemon.data_token = t.clone();
-                    cfg.validate()?;
-                    cfg
-                }
-                None => WatchConfig::from_file(&a.config)?,
-            };
+            let cfg = WatchConfig::load(&a.config, a.token.as_deref())?;
             let interval = Duration::from_millis(cfg.poll_interval_ms);
             let mut w = Watcher::new(cfg)?;
             if a.once {
