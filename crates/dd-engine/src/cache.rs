@@ -814,12 +814,28 @@ impl Cache {
         Ok(g.take_remote(key, p.exclusive_gets).map(|r| (r, p.exclusive_gets)))
     }
 
-    /// Counts the result of fetching a remotified page for a pool's statistics.
+    /// Forgets every remotified record for which `dead` holds (references to a peer that restarted,
+    /// or that has been unreachable for longer than it keeps pins): they could only miss, and would
+    /// keep counting in `remote_pages`. Walks every pool once (rare: on a peer's epoch change or
+    /// expiry). Returns the records dropped.
+    pub fn drop_dead_remote(&self, dead: &dyn Fn(&RemoteRef) -> bool) -> u64 {
+        let pools: Vec<Arc<Pool>> = self
+            .shared
+            .pools
+            .iter()
+            .flat_map(|shard| shard.read().values().cloned().collect::<Vec<_>>())
+            .collect();
+        pools.iter().map(|p| p.inner.lock().drop_dead_remote(dead)).sum()
+    }
+
+    /// Counts the result of fetching a remotified page for a pool's statistics. A hit turns the get's
+    /// local miss into a hit: `gets_missed` counts only gets that found the page nowhere.
     pub fn record_remote_get(&self, vm: VmId, pool: PoolId, hit: bool) {
         if let Ok(p) = self.shared.pool(vm, pool) {
             let mut g = p.inner.lock();
             if hit {
                 g.counters.remote_gets_hit += 1;
+                g.counters.gets_missed = g.counters.gets_missed.saturating_sub(1);
             } else {
                 g.counters.remote_gets_missed += 1;
             }

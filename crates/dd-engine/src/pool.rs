@@ -430,6 +430,19 @@ impl PoolInner {
         }
     }
 
+    /// Removes the remotified records `dead` says are gone (a peer that restarted or has been
+    /// unreachable past its pin lifetime): they would only ever miss. Their pins are not released
+    /// (the peer dropped them itself). Returns how many went.
+    pub fn drop_dead_remote(&mut self, dead: &dyn Fn(&RemoteRef) -> bool) -> u64 {
+        let mut n = 0;
+        self.remote.retain(|_, pages| {
+            pages.retain(|_, st| !matches!(st, RemoteState::Remote(r) if dead(r) && { n += 1; true }));
+            !pages.is_empty()
+        });
+        self.counters.remote_pages -= n;
+        n
+    }
+
     fn forget(&mut self, st: RemoteState) {
         match st {
             RemoteState::Pending(_) => self.pending_remote -= 1,

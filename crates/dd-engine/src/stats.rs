@@ -77,7 +77,7 @@ impl StoreCounters {
 pub struct Counters {
     pub mem: StoreCounters,
     pub ssd: StoreCounters,
-    /// Gets that found nothing.
+    /// Gets that found nothing (neither locally nor, for a remotified page, on its peer).
     pub gets_missed: u64,
     /// Puts not stored (pressure, spec `none`, persistent pool full).
     pub puts_refused: u64,

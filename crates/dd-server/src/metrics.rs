@@ -242,6 +242,13 @@ impl Metrics {
                     "Pins released because their peer went silent",
                     c.pins_released_ttl,
                 ),
+                (
+                    "dd_coop_references_dropped",
+                    "Remote references forgotten (peer restarted or unreachable past the pin lifetime)",
+                    c.references_dropped,
+                ),
+                ("dd_coop_peer_failures", "Failed requests to peers", c.peer_failures),
+                ("dd_coop_auth_failures", "Peer handshakes refused", c.auth_failures),
             ] {
                 reg.register(name, help, counter(v));
             }

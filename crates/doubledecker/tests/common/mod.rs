@@ -45,6 +45,20 @@ impl Daemon {
     /// [`Daemon::start`] with top-level keys `top` (before any table) and the `[engine.mem]` table's
     /// body `mem` chosen by the test.
     pub fn start_with(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, false)
+    }
+
+    /// [`Daemon::start_with`] with the daemon's stderr (its log) kept in a file: see [`Daemon::log`].
+    pub fn start_logged(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, true)
+    }
+
+    /// The daemon's log so far (daemons started with [`Daemon::start_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).expect("a logged daemon")
+    }
+
+    fn start_inner(vms: &[&TestVm], top: &str, mem: &str, extra: &str, logged: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut cfg = format!(
@@ -57,32 +71,22 @@ impl Daemon {
         cfg.push_str(extra);
         for v in vms {
             cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\ndedup_group = {:?}\n",
-                v.id, v.data_token, v.admin_token, v.dedup_group
+                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
+                v.id, v.data_token, v.admin_token
             ));
+            // Only when set (the default is ""), so that an older daemon (DD_TEST_BINARY) starts too.
+            if !v.dedup_group.is_empty() {
+                cfg.push_str(&format!("dedup_group = {:?}\n", v.dedup_group));
+            }
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
-        let child = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
-            .args(["serve", "--config"])
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start doubledecker serve");
-        // Wait for the ready file (written atomically once every listener is bound). This is a bound on
-        // how long to wait for start-up, not a timing assertion.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut child = child;
-        let bound: serde_json::Value = loop {
-            if let Ok(t) = std::fs::read_to_string(&ready) {
-                break serde_json::from_str(&t).expect("ready file is JSON");
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("the daemon exited before it was ready ({status}); its stderr is above");
-            }
-            assert!(Instant::now() < deadline, "daemon did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
+        let stderr = if logged {
+            Stdio::from(std::fs::File::create(dir.path().join("stderr.log")).expect("log file"))
+        } else {
+            Stdio::inherit()
         };
+        let (child, bound) = spawn_and_wait(&cfg_path, &ready, stderr);
         Daemon {
             child: Some(child),
             tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
@@ -90,6 +94,37 @@ impl Daemon {
             admin: format!("http://{}", bound["admin"].as_str().unwrap()),
             dir,
         }
+    }
+
+    /// SIGKILLs the daemon and starts it again on the same configuration and data directory (a new
+    /// instance: its TCP and admin ports may change, the Unix socket path does not).
+    pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart();
+    }
+
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again (after [`Daemon::kill`]) and waits until it is ready.
+    pub fn restart(&mut self) {
+        let ready = self.dir.path().join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        // A logged daemon's log goes on in the same file.
+        let log = self.dir.path().join("stderr.log");
+        let stderr = match std::fs::OpenOptions::new().append(true).open(&log) {
+            Ok(f) => Stdio::from(f),
+            Err(_) => Stdio::inherit(),
+        };
+        let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready, stderr);
+        self.child = Some(child);
+        self.tcp = bound["tcp"].as_str().unwrap().parse().unwrap();
+        self.admin = format!("http://{}", bound["admin"].as_str().unwrap());
     }
 
     pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
@@ -139,6 +174,40 @@ impl Daemon {
         let text = resp.into_string().unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
+}
+
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BINARY` (to see a regression test fail
+/// against an older build, e.g. one of `main` before a fix).
+pub fn dd_bin() -> std::path::PathBuf {
+    std::env::var_os("DD_TEST_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+}
+
+/// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
+/// listener is bound). The wait is a bound on start-up, not a timing assertion.
+fn spawn_and_wait(
+    cfg: &std::path::Path,
+    ready: &std::path::Path,
+    stderr: Stdio,
+) -> (Child, serde_json::Value) {
+    let mut child = Command::new(dd_bin())
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start doubledecker serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let bound = loop {
+        if let Ok(t) = std::fs::read_to_string(ready) {
+            break serde_json::from_str(&t).expect("ready file is JSON");
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the daemon exited before it was ready ({status}); its stderr is above");
+        }
+        assert!(Instant::now() < deadline, "daemon did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (child, bound)
 }
 
 impl Drop for Daemon {

@@ -1,9 +1,12 @@
 //! Co-operative de-duplication between daemons (thesis 004, chapter 5; SPEC section 9): the peer
 //! listener, the peer client, the remotifier and the summary publisher.
 //!
-//! * **Peer listener** (`coop.listen`, tokio): peers authenticate with the shared `peer_secret` in a
-//!   HELLO that also carries their name and restart epoch; then they push summaries, ask for remote
-//!   compares (this daemon pins an equal frame for them, Algorithm 4), fetch pinned pages and unpin.
+//! * **Peer listener** (`coop.listen`, tokio): a peer names itself and its restart epoch in HELLO and
+//!   proves the name with its own key (`dd_coop::identity`: a signed challenge, checked against the
+//!   public key the membership lists for that name; names outside it are refused). Then it pushes
+//!   summaries, asks for remote compares (this daemon pins an equal frame for it, Algorithm 4), fetches
+//!   its pinned pages and unpins them. Pin handles are random 64-bit numbers, looked up only among the
+//!   pins of the authenticated name they were granted to.
 //! * **Remotifier** (thread `dd-coop`): the engine offers evicted pages that no local page shares
 //!   (`dd_engine::remote`); for each, peers whose summary may contain the page's hash are asked, in
 //!   membership order, for a remote compare; the first pin is installed in the engine as the entry's
@@ -16,9 +19,12 @@
 //!   summary is rebuilt from the content index's live frames and pushed to every peer; the same tick
 //!   releases pins of peers not heard from for `pin_ttl_ms` and refreshes etcd membership.
 //!
-//! **Pins never leak forever**: a peer's pins are released when it says HELLO with another epoch (it
-//! restarted and lost every reference), when it has not been heard from for `pin_ttl_ms`, and when it
-//! unpins them. **Never wrong data, never a hang**: every peer request is bounded by the connect and
+//! **Pins never leak forever**: a peer's pins are released when it authenticates with another epoch
+//! (it restarted and lost every reference), when it has not been heard from for `pin_ttl_ms`, and when
+//! it unpins them. **Dead references are forgotten**: when a peer turns out to have restarted (a new
+//! epoch at connect), or has been unreachable for `pin_ttl_ms` (it has released our pins), the engine's
+//! records pointing at it are dropped, so `remote_pages` counts only references that can still hit.
+//! Peer failures are logged, at most once per peer every [`LOG_EVERY`]. **Never wrong data, never a hang**: every peer request is bounded by the connect and
 //! request timeouts, a peer that failed is skipped for `peer_backoff_ms`, and fetched bytes are checked
 //! against the epoch and the content hash.
 //!
@@ -28,128 +34,24 @@
 
 use crate::config::{CoopConfig, Membership};
 use crate::state::ServerState;
+use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
 use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
-use dd_coop::{BloomConfig, BloomFilter};
+use dd_coop::BloomFilter;
 use dd_engine::{Evicted, RemoteRef, RemoteSink};
 use parking_lot::{Condvar, Mutex, RwLock};
-use serde::Serialize;
-use std::collections::{HashMap, HashSet, VecDeque};
+use rand::{RngCore, SeedableRng};
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use subtle::ConstantTimeEq;
 
-/// Counters of co-operative de-duplication (also in `/metrics` and `GET /v1/host/coop`).
-#[derive(Debug, Default)]
-pub struct CoopStats {
-    /// Evicted pages offered by the engine and queued.
-    pub offered: AtomicU64,
-    /// Offers refused because the queue was full (plain evictions).
-    pub dropped: AtomicU64,
-    /// Pages remotified (a peer pinned an equal frame and the engine installed the reference).
-    pub remotified: AtomicU64,
-    /// Offers no peer's summary matched.
-    pub no_candidate: AtomicU64,
-    /// Remote compares that found no equal frame (summary false positives or stale summaries).
-    pub compare_mismatches: AtomicU64,
-    /// Offers whose compares failed on the network.
-    pub remotify_errors: AtomicU64,
-    /// Pins granted by a peer that the engine no longer wanted (the key changed meanwhile).
-    pub stale_installs: AtomicU64,
-    pub remote_gets_hit: AtomicU64,
-    pub remote_gets_missed: AtomicU64,
-    /// Unpins sent to peers.
-    pub unpins_sent: AtomicU64,
-    pub summaries_sent: AtomicU64,
-    pub summaries_received: AtomicU64,
-    /// Remote compares this daemon answered, and how many matched (remote de-duplications).
-    pub compares_served: AtomicU64,
-    pub remote_dedups: AtomicU64,
-    pub fetches_served: AtomicU64,
-    /// Pins released because their peer restarted (new epoch) or went silent.
-    pub pins_released_epoch: AtomicU64,
-    pub pins_released_ttl: AtomicU64,
-    /// Microseconds per successful remotification (from taking the offer to installing the pin) and
-    /// per remotified get that hit (the peer fetch, as the connection thread waits for it).
-    remotify_us: Mutex<Latency>,
-    fetch_us: Mutex<Latency>,
-}
+mod listener;
+mod report;
 
-/// A latency histogram in microseconds (1 µs to 60 s, 3 significant digits).
-#[derive(Debug)]
-struct Latency(hdrhistogram::Histogram<u64>);
-
-impl Default for Latency {
-    fn default() -> Self {
-        Latency(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"))
-    }
-}
-
-impl Latency {
-    fn record(&mut self, d: Duration) {
-        let _ = self.0.record((d.as_micros() as u64).clamp(1, 60_000_000));
-    }
-    fn report(&self) -> LatencyReport {
-        LatencyReport {
-            count: self.0.len(),
-            p50_us: self.0.value_at_quantile(0.5),
-            p99_us: self.0.value_at_quantile(0.99),
-        }
-    }
-}
-
-/// Percentiles of a latency histogram (0 when empty).
-#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct LatencyReport {
-    pub count: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-}
-
-/// A snapshot of [`CoopStats`] plus the peers, for the admin API.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct CoopReport {
-    pub node_name: String,
-    pub epoch: u64,
-    pub offered: u64,
-    pub queued: u64,
-    pub dropped: u64,
-    pub remotified: u64,
-    pub no_candidate: u64,
-    pub compare_mismatches: u64,
-    pub remotify_errors: u64,
-    pub stale_installs: u64,
-    pub remote_gets_hit: u64,
-    pub remote_gets_missed: u64,
-    pub unpins_sent: u64,
-    pub summaries_sent: u64,
-    pub summaries_received: u64,
-    pub compares_served: u64,
-    pub remote_dedups: u64,
-    pub fetches_served: u64,
-    pub pins_held: u64,
-    pub pins_released_epoch: u64,
-    pub pins_released_ttl: u64,
-    /// Successful remotifications: offer taken to pin installed.
-    pub remotify_latency: LatencyReport,
-    /// Remotified gets that hit: the peer fetch.
-    pub remote_get_latency: LatencyReport,
-    pub peers: Vec<PeerReport>,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct PeerReport {
-    pub name: String,
-    pub addr: String,
-    /// In the membership now.
-    pub active: bool,
-    /// Whether a summary from it is held, and its age.
-    pub summary_age_ms: Option<u64>,
-    /// Pins this daemon holds for it.
-    pub pins_held_for: u64,
-}
+pub use listener::serve_peer;
+pub use report::{CoopReport, CoopStats, LatencyReport, PeerReport};
 
 enum Job {
     Remotify(Evicted),
@@ -213,12 +115,17 @@ struct Peer {
     conns: Mutex<Vec<Conn>>,
     summary: RwLock<Option<Summary>>,
     down_until: Mutex<Option<Instant>>,
+    /// The peer's epoch as last seen at a connect (0: never reached).
+    epoch: AtomicU64,
+    /// The last successful request, and the last failure logged with the failures since.
+    last_ok: Mutex<Instant>,
+    log: Mutex<(Option<Instant>, u64)>,
 }
 
-/// Pins held for one peer.
+/// Pins held for one (authenticated) peer: its handles, each naming an engine pin.
 struct Owner {
     epoch: u64,
-    pins: HashSet<u64>,
+    pins: HashMap<u64, u64>,
     last_heard: Instant,
 }
 
@@ -238,11 +145,18 @@ pub enum PeerError {
     Wire(#[from] wire::WireError),
     #[error("peer address {0} does not resolve")]
     Address(String),
+    #[error("peer did not prove its name with the key the membership lists for it")]
+    Identity,
 }
 
 pub struct Coop {
     cfg: CoopConfig,
     me: String,
+    key: NodeKey,
+    /// The membership: every other node's name and public key (fixed at start).
+    members: HashMap<String, PublicKey>,
+    /// Draws pin handles and handshake nonces (seeded from the OS generator).
+    rng: Mutex<rand::rngs::StdRng>,
     epoch: u64,
     page_size: usize,
     peers: RwLock<Vec<Arc<Peer>>>,
@@ -265,8 +179,34 @@ impl std::fmt::Debug for Coop {
 /// Idle connections kept per peer (more concurrent requests open more, closed after use).
 const MAX_POOLED: usize = 8;
 
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && bool::from(a.ct_eq(b))
+/// A peer's failures are logged at most this often (the counters have every one).
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Reads this daemon's key, or creates it (mode 0600) when the file does not exist.
+pub fn load_or_create_key(path: &std::path::Path) -> Result<NodeKey, crate::ServerError> {
+    let bad = |reason: String| crate::ServerError::Config { field: "coop.key_file".into(), reason };
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            dd_coop::identity::parse_secret(&text).map_err(|e| bad(format!("{}: {e}", path.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut seed = [0u8; 32];
+            rand::rngs::OsRng.fill_bytes(&mut seed);
+            let key = NodeKey::from_seed(seed);
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| crate::ServerError::Io(format!("creating {}: {e}", path.display())))?;
+            f.write_all(key.secret_text().as_bytes())
+                .map_err(|e| crate::ServerError::Io(format!("writing {}: {e}", path.display())))?;
+            tracing::info!("created the peer key {} (public key {})", path.display(), key.public_text());
+            Ok(key)
+        }
+        Err(e) => Err(crate::ServerError::Io(format!("reading {}: {e}", path.display()))),
+    }
 }
 
 impl Coop {
@@ -276,7 +216,17 @@ impl Coop {
         state: &Arc<ServerState>,
         cfg: CoopConfig,
         me: String,
+        key: NodeKey,
     ) -> Result<Arc<Coop>, crate::ServerError> {
+        let mut members = HashMap::new();
+        for (i, p) in cfg.peers.iter().enumerate() {
+            let k =
+                dd_coop::identity::parse_public(&p.public_key).map_err(|e| crate::ServerError::Config {
+                    field: format!("coop.peers[{i}].public_key"),
+                    reason: e.to_string(),
+                })?;
+            members.insert(p.name.clone(), k);
+        }
         let stats = Arc::new(CoopStats::default());
         let queue = Arc::new(JobQueue {
             jobs: Mutex::new(VecDeque::new()),
@@ -293,6 +243,9 @@ impl Coop {
         };
         let coop = Arc::new(Coop {
             me,
+            key,
+            members,
+            rng: Mutex::new(rand::rngs::StdRng::from_rng(rand::rngs::OsRng).expect("the OS generator")),
             epoch,
             page_size: state.cache.page_size(),
             peers: RwLock::new(Vec::new()),
@@ -331,9 +284,25 @@ impl Coop {
         self.epoch
     }
 
-    /// Replaces the membership: peers not listed become inactive (their index stays, so remote
-    /// references to them stay decodable and simply miss), new ones are appended.
+    /// This daemon's public key (what the other members list for it).
+    pub fn public_key(&self) -> String {
+        self.key.public_text()
+    }
+
+    /// Replaces the live peers (static list or etcd): peers not listed become inactive (their index
+    /// stays, so remote references to them stay decodable and simply miss), new ones are appended.
+    /// Names without a key in the membership are ignored: etcd cannot add a member.
     pub fn set_membership(&self, list: &[(String, String)]) {
+        let list: Vec<&(String, String)> = list
+            .iter()
+            .filter(|(n, _)| {
+                let member = *n == self.me || self.members.contains_key(n);
+                if !member {
+                    tracing::debug!("peer list names {n:?}, which is not in coop.peers: ignored");
+                }
+                member
+            })
+            .collect();
         let mut peers = self.peers.write();
         for p in peers.iter() {
             p.active.store(list.iter().any(|(n, _)| *n == p.name), Ordering::Relaxed);
@@ -358,6 +327,9 @@ impl Coop {
                     conns: Mutex::new(Vec::new()),
                     summary: RwLock::new(None),
                     down_until: Mutex::new(None),
+                    epoch: AtomicU64::new(0),
+                    last_ok: Mutex::new(Instant::now()),
+                    log: Mutex::new((None, 0)),
                 })),
             }
         }
@@ -386,14 +358,60 @@ impl Coop {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(self.cfg.connect_timeout_ms))?;
         stream.set_nodelay(true)?;
         let mut conn = Conn { stream, epoch: 0, next_id: 1 };
-        let req =
-            PeerRequest::Hello { name: &self.me, epoch: self.epoch, secret: self.cfg.peer_secret.as_bytes() };
+        // The handshake: our nonce; the peer's name, epoch, nonce and signature, checked against the
+        // key the membership lists for the node we dialled; then our own signature.
+        let key = self.members.get(&peer.name).ok_or(PeerError::Identity)?;
+        let nonce = self.nonce();
+        let req = PeerRequest::Hello { name: &self.me, epoch: self.epoch, nonce };
         let (h, payload) = self.exchange(&mut conn, &req)?;
-        match PeerResponse::decode(h.op, &payload, self.page_size)? {
-            PeerResponse::Hello { name, epoch } if name == peer.name => conn.epoch = epoch,
-            _ => return Err(PeerError::Status(PeerStatus::REFUSED.0)),
+        let PeerResponse::Hello { name, epoch, nonce: theirs, signature } =
+            PeerResponse::decode(h.op, &payload, self.page_size)?
+        else {
+            return Err(PeerError::Identity);
+        };
+        let t = Transcript {
+            client: &self.me,
+            server: name,
+            client_epoch: self.epoch,
+            server_epoch: epoch,
+            client_nonce: &nonce,
+            server_nonce: &theirs,
+        };
+        if name != peer.name || !t.verify(Role::Server, key, &signature) {
+            return Err(PeerError::Identity);
         }
+        let signature = self.key.sign(Role::Client, &t);
+        self.exchange(&mut conn, &PeerRequest::Auth { signature })?;
+        conn.epoch = epoch;
+        self.saw_epoch(peer, epoch);
         Ok(conn)
+    }
+
+    fn nonce(&self) -> [u8; NONCE_LEN] {
+        let mut n = [0u8; NONCE_LEN];
+        self.rng.lock().fill_bytes(&mut n);
+        n
+    }
+
+    /// A connect reached `peer` in `epoch`: if it ran in another epoch before, it restarted and every
+    /// pin it granted is gone, so the engine's references to it in older epochs are dropped.
+    fn saw_epoch(&self, peer: &Peer, epoch: u64) {
+        let before = peer.epoch.swap(epoch, Ordering::Relaxed);
+        if before != 0 && before != epoch {
+            tracing::info!("peer {} restarted (new epoch): forgetting references to its old pins", peer.name);
+            self.forget_references(peer, |e| e != epoch);
+        }
+    }
+
+    /// Drops the engine's remote references to `peer` whose pin epoch `dead` says is gone.
+    fn forget_references(&self, peer: &Peer, dead: impl Fn(u64) -> bool) {
+        let Some(idx) = self.peers.read().iter().position(|p| std::ptr::eq(&**p, peer)) else { return };
+        let idx = idx as u32;
+        let Some(state) = self.state.upgrade() else { return };
+        let n = state.cache.drop_dead_remote(&|r: &RemoteRef| r.peer == idx && dead(r.epoch));
+        self.stats.references_dropped.fetch_add(n, Ordering::Relaxed);
+        // Unpins waiting for those pins would go to a peer that no longer has them.
+        self.retry_unpins.lock().retain(|(i, e), _| !(*i == idx && dead(*e)));
     }
 
     /// Sends one request and reads its response within the request timeout.
@@ -437,7 +455,7 @@ impl Coop {
             None => match self.connect(peer) {
                 Ok(c) => c,
                 Err(e) => {
-                    self.mark_down(peer);
+                    self.mark_down(peer, &e);
                     return Err(e);
                 }
             },
@@ -449,6 +467,7 @@ impl Coop {
         match self.exchange(&mut conn, req) {
             Ok((_, payload)) => {
                 let e = conn.epoch;
+                *peer.last_ok.lock() = Instant::now();
                 let mut pool = peer.conns.lock();
                 if pool.len() < MAX_POOLED {
                     pool.push(conn);
@@ -465,15 +484,29 @@ impl Coop {
             }
             Err(e) => {
                 // The connection's state is unknown (a late response may still arrive): drop it.
-                self.mark_down(peer);
+                self.mark_down(peer, &e);
                 Err(e)
             }
         }
     }
 
-    fn mark_down(&self, peer: &Peer) {
+    fn mark_down(&self, peer: &Peer, e: &PeerError) {
         *peer.down_until.lock() = Some(Instant::now() + Duration::from_millis(self.cfg.peer_backoff_ms));
         peer.conns.lock().clear();
+        self.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
+        // Logged, but at most once per peer every LOG_EVERY (a dead peer fails every request).
+        let mut log = peer.log.lock();
+        log.1 += 1;
+        if log.0.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            let addr = peer.addr.read().clone();
+            tracing::warn!(
+                "peer {} ({addr}) failed: {e}; skipped for {} ms ({} failures since the last report)",
+                peer.name,
+                self.cfg.peer_backoff_ms,
+                log.1
+            );
+            *log = (Some(Instant::now()), 0);
+        }
     }
 
     /// A remotified get: the page's bytes from its peer into `out`, or false (a clean miss) if the
@@ -594,6 +627,7 @@ impl Coop {
     /// reached. Also releases the pins of peers not heard from for `pin_ttl_ms`.
     pub fn publish(&self) -> usize {
         self.expire_owners();
+        self.expire_references();
         let Some(state) = self.state.upgrade() else { return 0 };
         let mut filter = match BloomFilter::new(self.cfg.bloom) {
             Ok(f) => f,
@@ -623,67 +657,21 @@ impl Coop {
         reached
     }
 
-    fn expire_owners(&self) {
+    /// A peer unreachable for `pin_ttl_ms` has released the pins it held for us (it has not heard from
+    /// us either): the references to it are forgotten.
+    fn expire_references(&self) {
         let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
-        let expired: Vec<u64> = {
-            let mut owners = self.owners.lock();
-            let dead: Vec<String> = owners
-                .iter()
-                .filter(|(_, o)| o.last_heard.elapsed() >= ttl)
-                .map(|(n, _)| n.clone())
-                .collect();
-            dead.iter().flat_map(|n| owners.remove(n).map(|o| o.pins).unwrap_or_default()).collect()
-        };
-        if let Some(state) = self.state.upgrade() {
-            for pin in &expired {
-                state.cache.unpin(*pin);
+        let peers: Vec<Arc<Peer>> = self.peers.read().clone();
+        for p in peers {
+            if p.epoch.load(Ordering::Relaxed) != 0 && p.last_ok.lock().elapsed() >= ttl {
+                tracing::info!(
+                    "peer {} unreachable for {} ms: forgetting references to it",
+                    p.name,
+                    ttl.as_millis()
+                );
+                self.forget_references(&p, |_| true);
+                p.epoch.store(0, Ordering::Relaxed);
             }
-        }
-        self.stats.pins_released_ttl.fetch_add(expired.len() as u64, Ordering::Relaxed);
-    }
-
-    /// Statistics and peers for the admin API.
-    pub fn report(&self) -> CoopReport {
-        let s = &self.stats;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let owners = self.owners.lock();
-        let peers = self
-            .peers
-            .read()
-            .iter()
-            .map(|p| PeerReport {
-                name: p.name.clone(),
-                addr: p.addr.read().clone(),
-                active: p.active.load(Ordering::Relaxed),
-                summary_age_ms: p.summary.read().as_ref().map(|s| s.received.elapsed().as_millis() as u64),
-                pins_held_for: owners.get(&p.name).map_or(0, |o| o.pins.len() as u64),
-            })
-            .collect();
-        CoopReport {
-            node_name: self.me.clone(),
-            epoch: self.epoch,
-            offered: l(&s.offered),
-            queued: self.queue.pages.load(Ordering::Relaxed) as u64,
-            dropped: l(&s.dropped),
-            remotified: l(&s.remotified),
-            no_candidate: l(&s.no_candidate),
-            compare_mismatches: l(&s.compare_mismatches),
-            remotify_errors: l(&s.remotify_errors),
-            stale_installs: l(&s.stale_installs),
-            remote_gets_hit: l(&s.remote_gets_hit),
-            remote_gets_missed: l(&s.remote_gets_missed),
-            unpins_sent: l(&s.unpins_sent),
-            summaries_sent: l(&s.summaries_sent),
-            summaries_received: l(&s.summaries_received),
-            compares_served: l(&s.compares_served),
-            remote_dedups: l(&s.remote_dedups),
-            fetches_served: l(&s.fetches_served),
-            pins_held: owners.values().map(|o| o.pins.len() as u64).sum(),
-            pins_released_epoch: l(&s.pins_released_epoch),
-            pins_released_ttl: l(&s.pins_released_ttl),
-            remotify_latency: s.remotify_us.lock().report(),
-            remote_get_latency: s.fetch_us.lock().report(),
-            peers,
         }
     }
 
@@ -691,122 +679,6 @@ impl Coop {
     pub fn close(&self) {
         self.queue.closed.store(true, Ordering::Relaxed);
         self.queue.cv.notify_all();
-    }
-
-    // ------------------------------------------------------------------------------------------
-    // Server side: one authenticated peer connection
-    // ------------------------------------------------------------------------------------------
-
-    /// Handles one request of an authenticated peer `from` (no I/O; engine calls are memory-only).
-    fn handle(&self, state: &ServerState, from: &str, h: &PeerHeader, payload: &[u8], out: &mut Vec<u8>) {
-        let req = match PeerRequest::decode(h.op, payload, self.page_size) {
-            Ok(r) => r,
-            Err(e) => return wire::encode_error(h.op, h.request_id, e.status(), &e.to_string(), out),
-        };
-        self.touch(from);
-        let resp = match req {
-            PeerRequest::Hello { .. } => {
-                return wire::encode_error(
-                    h.op,
-                    h.request_id,
-                    PeerStatus::MALFORMED,
-                    "already authenticated",
-                    out,
-                )
-            }
-            PeerRequest::Summary { m_bits, k_hashes, bits } => {
-                let cfg = BloomConfig { m_bits, k_hashes, removal: dd_coop::Removal::NoUnset };
-                let Ok(filter) = BloomFilter::from_summary(cfg, bits) else {
-                    return wire::encode_error(h.op, h.request_id, PeerStatus::REFUSED, "bad summary", out);
-                };
-                if let Some(p) = self.peers.read().iter().find(|p| p.name == from) {
-                    *p.summary.write() = Some(Summary { filter, received: Instant::now() });
-                    self.stats.summaries_received.fetch_add(1, Ordering::Relaxed);
-                }
-                PeerResponse::Done
-            }
-            PeerRequest::Compare { hash, page } => {
-                self.stats.compares_served.fetch_add(1, Ordering::Relaxed);
-                let full = state.cache.pins_held() >= self.cfg.max_pins;
-                let pin = if full { None } else { state.cache.pin(hash, page) };
-                if let Some(pin) = pin {
-                    self.stats.remote_dedups.fetch_add(1, Ordering::Relaxed);
-                    let mut owners = self.owners.lock();
-                    match owners.get_mut(from) {
-                        Some(o) => {
-                            o.pins.insert(pin);
-                        }
-                        None => {
-                            // The owner entry went away (TTL) between HELLO and now: do not keep a pin
-                            // nobody can release.
-                            drop(owners);
-                            state.cache.unpin(pin);
-                            return wire::encode_error(
-                                h.op,
-                                h.request_id,
-                                PeerStatus::REFUSED,
-                                "say hello again",
-                                out,
-                            );
-                        }
-                    }
-                }
-                PeerResponse::Compared(pin)
-            }
-            PeerRequest::Fetch { pin } => {
-                self.stats.fetches_served.fetch_add(1, Ordering::Relaxed);
-                let owned = self.owners.lock().get(from).is_some_and(|o| o.pins.contains(&pin));
-                let mut page = vec![0u8; self.page_size];
-                if owned && state.cache.read_pin(pin, &mut page) {
-                    PeerResponse::Fetched(Some(&page)).encode(h.op, h.request_id, out);
-                    return;
-                }
-                PeerResponse::Fetched(None)
-            }
-            PeerRequest::Unpin { pins } => {
-                let mine: Vec<u64> = {
-                    let mut owners = self.owners.lock();
-                    match owners.get_mut(from) {
-                        Some(o) => pins.into_iter().filter(|p| o.pins.remove(p)).collect(),
-                        None => Vec::new(),
-                    }
-                };
-                for p in &mine {
-                    state.cache.unpin(*p);
-                }
-                PeerResponse::Unpinned(mine.len() as u32)
-            }
-        };
-        resp.encode(h.op, h.request_id, out);
-    }
-
-    fn touch(&self, from: &str) {
-        if let Some(o) = self.owners.lock().get_mut(from) {
-            o.last_heard = Instant::now();
-        }
-    }
-
-    /// A peer said HELLO: a new epoch means it restarted and holds none of its old references.
-    fn hello(&self, state: &ServerState, from: &str, epoch: u64) {
-        let released: Vec<u64> = {
-            let mut owners = self.owners.lock();
-            let o = owners.entry(from.to_string()).or_insert_with(|| Owner {
-                epoch,
-                pins: HashSet::new(),
-                last_heard: Instant::now(),
-            });
-            o.last_heard = Instant::now();
-            if o.epoch != epoch {
-                o.epoch = epoch;
-                o.pins.drain().collect()
-            } else {
-                Vec::new()
-            }
-        };
-        for p in &released {
-            state.cache.unpin(*p);
-        }
-        self.stats.pins_released_epoch.fetch_add(released.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -871,104 +743,6 @@ fn remotifier_loop(weak: Weak<Coop>) {
             if let Some(peer) = coop.peer(idx) {
                 coop.unpin_now(idx, &peer, epoch, pins);
             }
-        }
-    }
-}
-
-/// Serves one peer connection: HELLO with the secret first, then requests in order.
-///
-/// Before HELLO the connection holds a handshake slot (displaced by a newer connection when every slot
-/// is taken), reads at most 4096 payload bytes, and must finish within `coop.handshake_timeout_ms`:
-/// a connection that says nothing costs its task and a few hundred bytes, for a few seconds.
-pub async fn serve_peer(
-    coop: Arc<Coop>,
-    state: Arc<ServerState>,
-    mut stream: tokio::net::TcpStream,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    slot: crate::admission::HandshakeSlot,
-) {
-    let mut slot = Some(slot);
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(coop.cfg.handshake_timeout_ms);
-    let mut from: Option<String> = None;
-    let mut session_slot = None;
-    let mut head = [0u8; HEADER_LEN];
-    let mut out = Vec::new();
-    loop {
-        let r = if let Some(hs) = slot.as_mut() {
-            tokio::select! {
-                r = stream.read_exact(&mut head) => r,
-                _ = tokio::time::sleep_until(deadline) => return,
-                _ = &mut hs.displaced => return,
-                _ = stop.changed() => return,
-            }
-        } else {
-            tokio::select! {
-                r = stream.read_exact(&mut head) => r,
-                _ = stop.changed() => return,
-            }
-        };
-        if r.is_err() {
-            return;
-        }
-        // Before HELLO only a small frame is read; after it, up to the largest summary.
-        let max = if from.is_some() { wire::ABSOLUTE_MAX_PAYLOAD } else { 4096 };
-        let h = match wire::parse_header(&head, max) {
-            Ok(Some(h)) => h,
-            Ok(None) => return,
-            Err(e) => {
-                out.clear();
-                wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
-                let _ = stream.write_all(&out).await;
-                return;
-            }
-        };
-        let mut payload = vec![0u8; h.payload_len as usize];
-        let until =
-            if from.is_none() { deadline } else { tokio::time::Instant::now() + Duration::from_secs(30) };
-        let read = tokio::time::timeout_at(until, stream.read_exact(&mut payload)).await;
-        if !matches!(read, Ok(Ok(_))) {
-            return;
-        }
-        out.clear();
-        let mut close = false;
-        match &from {
-            None => match PeerRequest::decode(h.op, &payload, coop.page_size) {
-                Ok(PeerRequest::Hello { name, epoch, secret })
-                    if ct_eq(secret, coop.cfg.peer_secret.as_bytes()) =>
-                {
-                    let hs = slot.take().expect("in the handshake");
-                    let Ok(s) = hs.authenticate(dd_engine::VmId(0)) else { return };
-                    session_slot = Some(s);
-                    coop.hello(&state, name, epoch);
-                    from = Some(name.to_string());
-                    PeerResponse::Hello { name: &coop.me, epoch: coop.epoch }.encode(
-                        h.op,
-                        h.request_id,
-                        &mut out,
-                    );
-                }
-                Ok(PeerRequest::Hello { .. }) => {
-                    wire::encode_error(
-                        h.op,
-                        h.request_id,
-                        PeerStatus::AUTH_FAILED,
-                        "wrong peer secret",
-                        &mut out,
-                    );
-                    close = true;
-                }
-                _ => {
-                    let s = PeerStatus::NOT_AUTHENTICATED;
-                    wire::encode_error(h.op, h.request_id, s, "the first frame must be HELLO", &mut out);
-                    close = true;
-                }
-            },
-            Some(name) => coop.handle(&state, name, &h, &payload, &mut out),
-        }
-        if stream.write_all(&out).await.is_err() || close {
-            drop(session_slot);
-            return;
         }
     }
 }
