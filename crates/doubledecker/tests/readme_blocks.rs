@@ -28,6 +28,7 @@
 //! `README blocks` section runs it against `target/release/doubledecker` (`DD_TEST_BINARY`). Needs root,
 //! /dev/fuse and a memory cgroup controller (the mount section); prints SKIPPED where they are missing.
 
+mod common;
 mod fusekit;
 
 use fusekit::{dd_bin, require};
@@ -271,14 +272,7 @@ fn run_readme(readme: &Path, repo: &Path, name: &str) -> Result<String, String> 
         .stdout(log_file.try_clone().unwrap())
         .stderr(log_file)
         .process_group(0);
-    for v in [
-        "DD_ADMIN_URL",
-        "DD_HOST_TOKEN",
-        "DD_ADMIN_TOKEN",
-        "DD_VM_ADMIN_TOKEN",
-        "DD_VM_TOKEN",
-        "DD_VM_DATA_TOKEN",
-    ] {
+    for v in common::CLI_ENV_VARS {
         cmd.env_remove(v);
     }
     let mut child = cmd.spawn().unwrap();
