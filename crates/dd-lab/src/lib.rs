@@ -4,45 +4,40 @@
 //! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
-//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling; `scenario::provision`:
-//! targets, the provisioner's settings, searches), [`budget`] (each variant's peak-memory estimate, the
-//! jobs that fit, the scratch file's place, or a refusal), [`guest`] (page cache, memcgs, LRU lists,
-//! reclaim), [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F request generators),
-//! [`kvstore`] (Redis-like, MongoDB-like and MySQL-like stores), [`memctl`] (the VM memory controller of
-//! thesis 000 chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory plots), [`backend`]
-//! (the second-chance cache interface and the in-process engine), [`remote`] (a running daemon as the
-//! cache), [`streams`] (each provisioned container's online miss-ratio curves and counters), [`sim`]
-//! (event queue, clock, I/O path, timeline, sampling; `sim::provision`: the VM-level provisioner's
-//! decisions), [`report`] (checks, `summary.json`, `timeseries.csv`; `report::provision`: searches,
-//! target checks), [`plot`] (PNGs, `report.html`, index page), [`bundled`] (the scenarios shipped with
-//! the binary).
+//! Layers, each a folder, each importing only the ones above it in this list (`scripts/module-cycles`
+//! checks that no two modules import each other):
+//! * [`scenario`]: plain data and validation (the TOML format, defaults, `validate()`, scaling; the
+//!   workloads' and checks' settings, `scenario::memctl`, `scenario::provision`; [`bundled`]).
+//! * [`model`]: the guest kernel (page cache, memcgs, LRU lists, reclaim; `guest::memctl`, the VM memory
+//!   controller of thesis 000 chapter 4), the workloads (Filebench personalities, traces), the key-value
+//!   stores and YCSB.
+//! * [`sim`]: the event loop (event queue, clock, timeline, sampling), the operations of workload threads
+//!   and the I/O path, the calls into the second-chance cache (`sim::backend`: the in-process engine;
+//!   `sim::remote`: a running daemon), online curves (`sim::streams`), the VM-level provisioner's
+//!   decisions, effective entitlements and the memory budget of a run (`sim::budget`).
+//! * [`results`]: checks (`results::checks`), `summary.json` and `timeseries.csv` (`results::report`),
+//!   PNGs and HTML (`results::plot`).
+//!
+//! This file runs a scenario: [`prepare`] (validate, scale, plan memory) and [`run_prepared`] (variants
+//! on threads, then checks).
 //!
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
 //! wall clock or on hash-map iteration order.
 
-pub mod backend;
-pub mod budget;
-pub mod bundled;
-pub mod effective;
 pub mod error;
-pub mod guest;
-pub mod kvstore;
-pub mod memctl;
-pub mod plot;
-pub mod remote;
-pub mod report;
+pub mod model;
+pub mod results;
 pub mod scenario;
 pub mod sim;
-pub mod streams;
-pub mod workload;
-pub mod ycsb;
 
 pub use error::LabError;
-pub use report::{CheckResult, ScenarioResult};
-pub use scenario::Scenario;
+pub use results::{CheckResult, ScenarioResult};
+pub use scenario::{bundled, Scenario};
 
 use backend::{BackendConfig, EngineBackend, Stamped};
+use results::checks;
+use sim::{backend, budget, remote};
 use std::path::PathBuf;
 
 /// How to run a scenario.
@@ -182,8 +177,8 @@ pub fn run_prepared(
     } else {
         run_parallel(&variants, jobs, &run_variant, progress)?
     };
-    let (runs, searches) = report::provision::collapse(scaled, &variants, runs);
-    let checks = report::evaluate(scaled, &runs);
+    let (runs, searches) = checks::provision::collapse(scaled, &variants, runs);
+    let checks = checks::evaluate(scaled, &runs);
     Ok(ScenarioResult { scenario: scaled.clone(), scale: prepared.scale, runs, checks, searches })
 }
 

@@ -2,7 +2,8 @@
 //! preloaded stores, working-set windows, searching variants, the VM-level provisioner's decisions and
 //! the targets and violation checks, and their determinism.
 
-use dd_lab::{report, run_scenario, RunOptions, Scenario, ScenarioResult};
+use dd_lab::results::report;
+use dd_lab::{run_scenario, RunOptions, Scenario, ScenarioResult};
 
 fn run(text: &str) -> ScenarioResult {
     let sc = Scenario::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
@@ -120,7 +121,7 @@ fn the_provisioner_gives_each_container_the_memory_its_curves_call_for() {
     assert!(csv.lines().next().unwrap().ends_with("memory_limit_mib,cache_mem_weight,cache_ssd_weight"));
     assert_eq!(r.curves.len(), 2);
     let dir = tempfile::tempdir().unwrap();
-    dd_lab::plot::write_plots_and_report(&res, dir.path()).unwrap();
+    dd_lab::results::plot::write_plots_and_report(&res, dir.path()).unwrap();
     for f in ["curves_default.png", "limits_default.png", "target_kv.png", "report.html"] {
         assert!(dir.path().join(f).exists(), "{f}");
     }

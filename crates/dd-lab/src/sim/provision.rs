@@ -11,12 +11,12 @@
 //! settings are not a plan), later ones pass the last plan's allocation for hysteresis.
 
 use super::{Sim, NS};
-use crate::backend::SecondChance;
 use crate::error::LabError;
-use crate::guest::{ANON_ACTIVE, ANON_INACTIVE, FILE_ACTIVE, FILE_INACTIVE};
+use crate::model::guest::{ANON_ACTIVE, ANON_INACTIVE, FILE_ACTIVE, FILE_INACTIVE};
 use crate::scenario::provision::VmProvision;
 use crate::scenario::{mib_pages, Scenario};
-use crate::streams::StreamCounters;
+use crate::sim::backend::SecondChance;
+use crate::sim::streams::StreamCounters;
 use dd_engine::{Spec, StoreKind};
 use dd_provision::{
     provision, Allocation, Budget, ContainerInput, Curve, Demand, LatencyModel, Observed, Target,

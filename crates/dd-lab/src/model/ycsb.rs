@@ -14,7 +14,8 @@
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
+
+pub use crate::scenario::YcsbWorkload;
 
 /// YCSB's `ZIPFIAN_CONSTANT`.
 pub const ZIPFIAN_CONSTANT: f64 = 0.99;
@@ -22,18 +23,6 @@ pub const ZIPFIAN_CONSTANT: f64 = 0.99;
 const SCRAMBLED_ITEMS: u64 = 10_000_000_000;
 /// zeta(10^10, 0.99) as YCSB precomputes it (`ScrambledZipfianGenerator.ZETAN`).
 const SCRAMBLED_ZETAN: f64 = 26.469_028_201_783_02;
-
-/// The six core workloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum YcsbWorkload {
-    A,
-    B,
-    C,
-    D,
-    E,
-    F,
-}
 
 /// One request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 
 use super::{esc, file_safe, perr, register_font, time_chart, Line, COLORS};
 use crate::error::LabError;
-use crate::report::ScenarioResult;
+use crate::results::ScenarioResult;
 use dd_provision::Target;
 use plotters::prelude::*;
 use std::fmt::Write as _;
@@ -208,7 +208,7 @@ fn target_plot(res: &ScenarioResult, name: &str, t: &Target, path: &Path) -> Res
 /// Every candidate of a search: total throughput, darker the more targets it met; the best marked.
 fn search_plot(
     res: &ScenarioResult,
-    s: &crate::report::provision::SearchResult,
+    s: &crate::results::checks::provision::SearchResult,
     path: &Path,
 ) -> Result<(), LabError> {
     register_font();

@@ -21,9 +21,9 @@
 //! * Planning changes no output: the scratch file's place and the number of threads never change a
 //!   result byte (each variant has its own engine; tested in `lib.rs`).
 
-use crate::backend::{BackendConfig, ENGINE_PAGE};
 use crate::error::LabError;
 use crate::scenario::{mib_pages, Event, Scenario, Workload};
+use crate::sim::backend::{BackendConfig, ENGINE_PAGE};
 use dd_engine::StoreKind;
 use std::path::{Path, PathBuf};
 
@@ -127,7 +127,7 @@ fn workload_bytes(w: &Workload) -> u64 {
             preload,
             ..
         } => {
-            let st = crate::kvstore::Store::new(&crate::kvstore::StoreConfig {
+            let st = crate::model::kvstore::Store::new(&crate::model::kvstore::StoreConfig {
                 kind: *store,
                 workload: *workload,
                 record_count: *record_count,
@@ -138,7 +138,8 @@ fn workload_bytes(w: &Workload) -> u64 {
                 preload: *preload,
             });
             // The records' pages (Redis's heap, the data file's objects) and MySQL's buffer pool.
-            let pool = if *store == crate::kvstore::StoreKind::Mysql { st.heap_pages() as u64 } else { 0 };
+            let pool =
+                if *store == crate::model::kvstore::StoreKind::Mysql { st.heap_pages() as u64 } else { 0 };
             (st.capacity_pages() as u64 + pool) * ANON_BYTES_PER_PAGE
         }
         // The trace's rows are its file's size in memory, give or take; traces are small.

@@ -10,12 +10,12 @@
 //!
 //! Invariants: the lab issues one request at a time and waits for its answer, so the daemon sees the
 //! same calls in the same order as the in-process engine and (run with the engine settings of
-//! [`crate::backend::engine_config`]) reaches the same states; the VMs this value registered are removed
+//! [`crate::sim::backend::engine_config`]) reaches the same states; the VMs this value registered are removed
 //! again when it is dropped, which also destroys their pools, so the next variant starts from an empty
 //! cache. VM ids that are already registered are an error, never taken over.
 
-use crate::backend::{BackendConfig, CacheOps, Lookup, ENGINE_PAGE};
 use crate::error::LabError;
+use crate::sim::backend::{BackendConfig, CacheOps, Lookup, ENGINE_PAGE};
 use dd_client::admin::AdminClient;
 use dd_client::Client;
 use dd_engine::{Counters, Key, Mode, PoolId, PoolOptions, Spec, StoreKind, VmWeights};

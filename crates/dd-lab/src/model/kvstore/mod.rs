@@ -28,20 +28,11 @@
 
 pub mod innodb;
 
+use crate::model::ycsb::{Op, Ycsb, YcsbWorkload};
+pub use crate::scenario::StoreKind;
 use crate::scenario::PAGE;
-use crate::ycsb::{Op, Ycsb, YcsbWorkload};
 use innodb::{BufferPool, Step};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
-
-/// Which store a YCSB workload runs against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreKind {
-    Redis,
-    Mongo,
-    Mysql,
-}
 
 /// Which of a store's two objects a touch is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +152,7 @@ impl Store {
             None => k,
             Some((f, o)) => {
                 let n = self.ycsb.records();
-                crate::workload::Window::of(n, f, o).item(k, n)
+                crate::model::workload::Window::of(n, f, o).item(k, n)
             }
         }
     }

@@ -26,6 +26,8 @@
 //! Invariants: each live page is on exactly one list of its memcg and in the map once; a memcg's usage
 //! is the sum of its list lengths; the VM's `used` is the sum of its memcgs' usage.
 
+pub mod memctl;
+
 use crate::scenario::LruMode;
 use foldhash::fast::FixedState;
 use std::collections::HashMap;
@@ -135,7 +137,7 @@ pub struct Guest {
     mode: LruMode,
     batch: u64,
     /// The VM's memory controller; `None` keeps the built-in soft-limit/global-LRU victim choice.
-    pub memctl: Option<crate::memctl::GuestMemctl>,
+    pub memctl: Option<memctl::GuestMemctl>,
     /// Pages per GiB of the full-scale experiment (see `GuestOptions::size_scale`).
     pages_per_gib: u64,
 }
@@ -449,7 +451,7 @@ impl Guest {
     /// size, see `memctl`). Returns pages freed.
     pub fn reclaim_global(&mut self, n: u64, sink: &mut dyn FnMut(Evicted)) -> u64 {
         if self.memctl.is_some() {
-            return crate::memctl::reclaim(self, n, sink);
+            return memctl::reclaim(self, n, sink);
         }
         match self.global_victim() {
             Some(cg) => {

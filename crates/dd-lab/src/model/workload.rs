@@ -183,7 +183,7 @@ pub fn objects_needed(w: &Workload, trace: Option<&Trace>) -> u64 {
         Workload::Webproxy { nfiles, .. } | Workload::Varmail { nfiles, .. } => *nfiles,
         Workload::Videoserver { numactivevids, numpassivevids, .. } => numactivevids + numpassivevids,
         // MySQL has a heap (the buffer pool) and a data file; the other stores one of them.
-        Workload::Ycsb { store: crate::kvstore::StoreKind::Mysql, .. } => 2,
+        Workload::Ycsb { store: crate::scenario::StoreKind::Mysql, .. } => 2,
         Workload::Kv { .. } | Workload::Ycsb { .. } => 1,
         Workload::Trace { .. } => trace.map_or(0, |t| t.objects as u64),
     }

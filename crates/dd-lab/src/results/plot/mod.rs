@@ -7,17 +7,18 @@
 //! Text is drawn with a bundled DejaVu Sans Mono font (`assets/`, its licence beside it) through
 //! plotters' `ab_glyph` backend, so no system font library is needed.
 
+pub mod memory;
 pub mod provision;
 
 use crate::error::LabError;
-use crate::report::ScenarioResult;
+use crate::results::ScenarioResult;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Once;
 
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
+static FONT: &[u8] = include_bytes!("../../../assets/DejaVuSansMono.ttf");
 static REGISTER: Once = Once::new();
 
 fn register_font() {
@@ -231,8 +232,8 @@ pub fn write_plots_and_report(res: &ScenarioResult, dir: &Path) -> Result<(), La
     }
     throughput_plot(res, &dir.join("throughput.png"))?;
     imgs.push("throughput.png".into());
-    if crate::memctl::wants_memory_plots(&res.scenario) {
-        imgs.extend(crate::memctl::memory_plots(res, dir)?);
+    if memory::wants_memory_plots(&res.scenario) {
+        imgs.extend(memory::memory_plots(res, dir)?);
     }
     let provisioning = provision::wanted(res);
     if provisioning {

@@ -82,7 +82,7 @@ pub enum Lookup {
 }
 
 /// The cache calls the stamped backend makes, in guest pages and engine-page buffers: implemented by
-/// the engine in-process ([`InProcess`]) and by a running daemon ([`crate::remote::Daemon`]).
+/// the engine in-process ([`InProcess`]) and by a running daemon ([`crate::sim::remote::Daemon`]).
 pub trait CacheOps {
     fn add_vm(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError>;
     fn set_vm_weights(&mut self, vm: u32, weights: VmWeights) -> Result<(), LabError>;
