@@ -212,6 +212,15 @@ impl Cache {
     /// Builds a cache from a validated configuration. Opens (and empties) the SSD store if configured and
     /// starts the background worker unless maintenance is inline.
     pub fn new(cfg: EngineConfig) -> Result<Cache, CacheError> {
+        Cache::with_ssd_faults(cfg, None)
+    }
+
+    /// [`Cache::new`] with an SSD store whose I/O fails as `faults` says (tests and fuzzing only:
+    /// `store::ssd::faults`). Without an SSD store in `cfg`, `faults` is unused.
+    pub fn with_ssd_faults(
+        cfg: EngineConfig,
+        faults: Option<Arc<crate::store::ssd::faults::FaultInjector>>,
+    ) -> Result<Cache, CacheError> {
         cfg.validate()?;
         let ps = cfg.page_size_bytes;
         let mem_cap = cfg.pages(cfg.mem.capacity_bytes);
@@ -234,6 +243,7 @@ impl Cache {
                     direct_io: s.direct_io,
                     io_backend: s.io_backend,
                     write_queue_pages: s.write_queue_pages,
+                    faults,
                 })?;
                 (Some(store), slots)
             }
@@ -1220,7 +1230,8 @@ impl Shared {
             StoreKind::Mem => self.store_in_memory(p, data),
             StoreKind::Ssd => {
                 let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
-                if !self.reserve(tier, p) {
+                // A failing disk (its last write failed) takes no new pages but probes: refused, not lost.
+                if !ssd.accepting() || !self.reserve(tier, p) {
                     None
                 } else if let Some(slot) = ssd.alloc() {
                     ssd.write(slot, data);
@@ -1645,6 +1656,7 @@ impl Shared {
         c.exclusive_gets -= 1;
         c.evictions += 1;
         g.counters.gets_missed += 1;
+        g.counters.pages_lost += 1;
         p.publish(&g);
     }
 
@@ -1682,6 +1694,7 @@ impl Shared {
                     // The entry is intact but its slot cannot be read: drop it.
                     let e = g.remove(id, Departure::Evict);
                     g.counters.gets_missed += 1;
+                    g.counters.pages_lost += 1;
                     p.publish(&g);
                     drop(g);
                     self.free_locs(&[e.loc]);
@@ -1852,7 +1865,7 @@ impl Shared {
             // 2. Write them to fresh SSD slots outside the lock.
             let mut staged = Vec::with_capacity(picked.len());
             for (i, (key, version)) in picked.iter().enumerate() {
-                if !self.reserve(StoreKind::Ssd, p) {
+                if !ssd.accepting() || !self.reserve(StoreKind::Ssd, p) {
                     break;
                 }
                 let Some(slot) = ssd.alloc() else {
