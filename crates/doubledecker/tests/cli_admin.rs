@@ -134,12 +134,7 @@ fn stats_report_static_and_effective_entitlements() {
     assert_eq!(own["totals"]["mem"]["effective_entitlement"], h2["totals"]["mem"]["effective_entitlement"]);
     assert_eq!(own["pools"], h2["pools"]);
     // And /metrics.
-    let text = ureq::get(&format!("{}/metrics", d.admin))
-        .set("Authorization", &format!("Bearer {HOST_TOKEN}"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let text = d.metrics();
     for line in [
         "dd_vm_effective_entitlement_pages{vm=\"1\",store=\"mem\"} 10",
         "dd_vm_effective_entitlement_pages{vm=\"2\",store=\"mem\"} 4086",
