@@ -35,8 +35,14 @@ pub struct StoreCounters {
     pub moved_out: u64,
     /// Pages held now.
     pub used: u64,
-    /// Entitlement in pages (for aggregates: the aggregate's own entitlement, not a sum).
+    /// Static entitlement in pages: the weight share (for aggregates: the aggregate's own entitlement,
+    /// not a sum).
     pub entitlement: u64,
+    /// Effective entitlement in pages: the static one with the shares that under-used VMs or pools
+    /// leave unused lent to the others by weight (`policy::effective`), what the entity may hold now
+    /// without being a victim of Algorithm 1. Like `entitlement`, the aggregate's own, not a sum.
+    #[serde(default)]
+    pub effective_entitlement: u64,
     /// Puts whose content matched an existing frame (de-duplication).
     pub dedup_hits: u64,
     /// Bytes not stored thanks to de-duplication and compression.

@@ -192,6 +192,8 @@ impl Metrics {
         let pool_remote_misses = Family::<Labels, Counter>::default();
         let vm_used = Family::<Labels, Gauge>::default();
         let vm_ent = Family::<Labels, Gauge>::default();
+        let pool_eff = Family::<Labels, Gauge>::default();
+        let vm_eff = Family::<Labels, Gauge>::default();
         for vm in &stats.vms {
             for p in &vm.pools {
                 let base =
@@ -209,6 +211,7 @@ impl Metrics {
                     l.push(("store".into(), s.name().into()));
                     pool_used.get_or_create(&l).set(c.used as i64);
                     pool_ent.get_or_create(&l).set(c.entitlement as i64);
+                    pool_eff.get_or_create(&l).set(c.effective_entitlement as i64);
                     pool_puts.get_or_create(&l).inc_by(c.puts);
                     pool_hits.get_or_create(&l).inc_by(c.gets_hit);
                     pool_flushes.get_or_create(&l).inc_by(c.flushes);
@@ -220,10 +223,16 @@ impl Metrics {
                     vec![("vm".to_string(), vm.vm.to_string()), ("store".to_string(), s.name().to_string())];
                 vm_used.get_or_create(&l).set(vm.totals.store(s).used as i64);
                 vm_ent.get_or_create(&l).set(vm.totals.store(s).entitlement as i64);
+                vm_eff.get_or_create(&l).set(vm.totals.store(s).effective_entitlement as i64);
             }
         }
         reg.register("dd_pool_used_pages", "Pages a pool holds per store", pool_used);
-        reg.register("dd_pool_entitlement_pages", "A pool's entitlement per store", pool_ent);
+        reg.register("dd_pool_entitlement_pages", "A pool's static entitlement per store", pool_ent);
+        reg.register(
+            "dd_pool_effective_entitlement_pages",
+            "A pool's effective entitlement per store (under-used shares lent by weight)",
+            pool_eff,
+        );
         reg.register("dd_pool_puts", "Pages stored by puts", pool_puts);
         reg.register("dd_pool_gets_hit", "Gets served", pool_hits);
         reg.register("dd_pool_flushes", "Pages flushed", pool_flushes);
@@ -236,7 +245,12 @@ impl Metrics {
             pool_lost,
         );
         reg.register("dd_vm_used_pages", "Pages a VM holds per store", vm_used);
-        reg.register("dd_vm_entitlement_pages", "A VM's entitlement per store", vm_ent);
+        reg.register("dd_vm_entitlement_pages", "A VM's static entitlement per store", vm_ent);
+        reg.register(
+            "dd_vm_effective_entitlement_pages",
+            "A VM's effective entitlement per store (under-used shares lent by weight)",
+            vm_eff,
+        );
         reg.register("dd_pool_remotified", "Evicted pages remotified to a peer", pool_remotified);
         reg.register("dd_pool_remote_pages", "Remotified pages a pool refers to now", pool_remote_pages);
         reg.register("dd_pool_remote_gets_hit", "Remotified gets served by a peer", pool_remote_hits);

@@ -1,5 +1,7 @@
-//! Effective entitlements: the static weight shares with the under-used shares redistributed by weight,
-//! as Algorithm 1 of paper 002 does when it picks a victim (SPEC section 3).
+//! Effective entitlements of the lab's samples: the static weight shares with the under-used shares
+//! redistributed by weight, as Algorithm 1 of paper 002 does when it picks a victim (SPEC section 3).
+//! One level's rule is the engine's (`dd_engine::policy::effective::redistribute`, which the daemon
+//! reports live); this module applies it to samples, which carry no weights.
 //!
 //! The engine reports each pool's *static* entitlement: its weight's share of its VM's share of the
 //! store. A resource-conserving cache lets a demanding container hold more than that while others leave
@@ -20,6 +22,7 @@
 //! integer rounding).
 
 use crate::sim::{RunResult, Sample};
+use dd_engine::policy::effective::{redistribute, Share};
 
 /// Per sample of `run` (same order), the effective entitlement in pages in the memory and the SSD store.
 /// `batch_pages` is the scenario's (scaled) eviction batch.
@@ -67,12 +70,12 @@ fn one_time(run: &RunResult, group: &[(usize, &Sample)], store: usize, batch: u6
             None => vms.push((vm, vec![(i, used, ent)])),
         }
     }
-    let level1: Vec<(u64, u64, u64)> = vms
+    let level1: Vec<Share> = vms
         .iter()
         .map(|(_, cts)| {
             let used: u64 = cts.iter().map(|c| c.1).sum();
             let ent: u64 = cts.iter().map(|c| c.2).sum();
-            (used, ent, ent)
+            Share { used, share: ent, weight: ent }
         })
         .collect();
     let vm_eff = redistribute(&level1, batch);
@@ -80,53 +83,17 @@ fn one_time(run: &RunResult, group: &[(usize, &Sample)], store: usize, batch: u6
     for ((_, cts), vm_eff) in vms.iter().zip(vm_eff) {
         let sum_w: u64 = cts.iter().map(|c| c.2).sum();
         // Each container's share of its VM's effective entitlement, by weight (static entitlement).
-        let level2: Vec<(u64, u64, u64)> = cts
+        let level2: Vec<Share> = cts
             .iter()
-            .map(|&(_, used, w)| (used, (vm_eff as u128 * w as u128 / sum_w.max(1) as u128) as u64, w))
+            .map(|&(_, used, w)| Share {
+                used,
+                share: (vm_eff as u128 * w as u128 / sum_w.max(1) as u128) as u64,
+                weight: w,
+            })
             .collect();
         for (c, e) in cts.iter().zip(redistribute(&level2, batch)) {
             out.push((c.0, e));
         }
     }
     out
-}
-
-/// One level: `(used, share, weight)` per entity -> effective entitlement per entity.
-fn redistribute(level: &[(u64, u64, u64)], batch: u64) -> Vec<u64> {
-    let under = |&(used, share, _): &(u64, u64, u64)| used.saturating_add(2 * batch) < share;
-    let unused: u64 = level.iter().filter(|e| under(e)).map(|&(used, share, _)| share - used).sum();
-    let cand_w: u64 = level.iter().filter(|e| !under(e)).map(|e| e.2).sum();
-    level
-        .iter()
-        .map(
-            |e| {
-                if under(e) {
-                    e.0
-                } else {
-                    e.1 + (unused as u128 * e.2 as u128 / cand_w.max(1) as u128) as u64
-                }
-            },
-        )
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redistribute;
-
-    #[test]
-    fn an_under_used_share_goes_to_the_others_by_weight() {
-        // Shares 300/300/300 (equal weights): the first uses 50, so 250 go to the other two, 125 each.
-        let eff = redistribute(&[(50, 300, 1), (400, 300, 1), (450, 300, 1)], 10);
-        assert_eq!(eff, vec![50, 425, 425]);
-        assert_eq!(eff.iter().sum::<u64>(), 900, "the level's total is kept");
-        // Weights 1:3 among the candidates.
-        assert_eq!(redistribute(&[(0, 400, 4), (500, 100, 1), (500, 300, 3)], 10), vec![0, 200, 600]);
-    }
-
-    #[test]
-    fn within_two_batches_of_its_share_an_entity_is_not_under_used() {
-        assert_eq!(redistribute(&[(281, 300, 1), (300, 300, 1)], 10), vec![300, 300]);
-        assert_eq!(redistribute(&[(279, 300, 1), (300, 300, 1)], 10), vec![279, 321]);
-    }
 }
