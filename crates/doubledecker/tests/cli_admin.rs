@@ -127,7 +127,7 @@ fn stats_report_static_and_effective_entitlements() {
     assert_eq!(statics, [512, 1536], "{h2}");
     let effs: Vec<u64> = pools.iter().map(|p| pool_mem(p, "effective_entitlement")).collect();
     let sum: u64 = effs.iter().sum();
-    assert!(sum <= 4086 && sum >= 4086 - 2, "pools' effective entitlements {effs:?} do not add up to 4086");
+    assert!((4086 - 2..=4086).contains(&sum), "pools' effective entitlements {effs:?} do not add up to 4086");
     // VM scope sees the same numbers for its VM.
     let (status, own) = d.http("GET", "/v1/vm/stats", Some(&v2.admin_token), None);
     assert_eq!(status, 200);

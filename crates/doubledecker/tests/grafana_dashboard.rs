@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{vm, Daemon, HOST_TOKEN};
+use common::{vm, Daemon};
 use std::collections::BTreeSet;
 use std::path::Path;
 
