@@ -19,6 +19,7 @@
 //! ([`ClientError::PoolLost`] after a restart, never an ordinary miss).
 //!
 //! [`admin`] is the admin API's client (HTTP/JSON), for the tools that drive a daemon's control plane.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod admin;
 pub mod reconnect;

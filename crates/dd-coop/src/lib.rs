@@ -6,6 +6,7 @@
 //! or on sockets: the summaries ([`bloom`]), the peer-to-peer wire format ([`wire`]) and the
 //! per-node identities peers prove in their handshake ([`identity`]). The daemon's
 //! peer listener, client and remotifier are in `dd-server`'s `coop` module.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod bloom;
 pub mod identity;

@@ -199,8 +199,11 @@ impl EngineConfig {
         if self.mem.max_bytes() < self.mem.capacity_bytes {
             return Err(CacheError::invalid("mem.max_capacity_bytes", "smaller than mem.capacity_bytes"));
         }
-        if self.mem.max_bytes() / ps > u32::MAX as u64 {
-            return Err(CacheError::invalid("mem.max_capacity_bytes", "more than 2^32 pages"));
+        if self.mem.max_bytes() / ps > crate::store::mem::MAX_FRAMES as u64 {
+            return Err(CacheError::invalid(
+                "mem.max_capacity_bytes",
+                "more than 2^30 pages (a compressed page's frame id keeps the top bit and one half bit)",
+            ));
         }
         if let Some(ssd) = &self.ssd {
             if ssd.capacity_bytes / ps > u32::MAX as u64 {
@@ -239,5 +242,25 @@ impl EngineConfig {
 
     pub(crate) fn pages(&self, bytes: u64) -> u64 {
         bytes / self.page_size_bytes as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 15, item 4: the configuration accepted up to 2^32 frames while a compressed page's
+    /// `FrameId` is `1 << 31 | frame << 1 | half`, so frame numbers from 2^30 up aliased other ids.
+    #[test]
+    fn regression_config_accepts_2_32_frames_while_frame_id_marks_halves_with_bit_31() {
+        let mut cfg = EngineConfig::default();
+        let ps = cfg.page_size_bytes as u64;
+        cfg.mem.max_capacity_bytes = Some((1u64 << 30) * ps);
+        cfg.validate().expect("2^30 frames fit a frame id");
+        cfg.mem.max_capacity_bytes = Some(((1u64 << 30) + 1) * ps);
+        let err = cfg.validate().expect_err("2^30 + 1 frames would alias half ids");
+        assert!(err.to_string().contains("mem.max_capacity_bytes"), "{err}");
+        cfg.mem.max_capacity_bytes = Some((u32::MAX as u64) * ps);
+        assert!(cfg.validate().is_err(), "2^32 - 1 frames accepted");
     }
 }

@@ -24,6 +24,7 @@
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
 //! wall clock or on hash-map iteration order.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod error;
 pub mod model;

@@ -14,6 +14,7 @@
 //! Invariants: decoding never panics and never allocates more than the payload it was given implies
 //! (batch counts are checked against the payload length before any `Vec` is sized), and every decode
 //! error maps to a documented status code.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod frame;
 pub mod msg;

@@ -16,6 +16,7 @@
 //!
 //! Modules: [`model`] (inputs and the performance model: cost of an operation for an allocation),
 //! [`plan`] (the decision). Curves are `dd_mrc::Curve`s in pages.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod error;
 pub mod model;

@@ -21,6 +21,7 @@
 //! Why a crate of its own: the miss-ratio curves (`dd-mrc`) read traces, and so will the lab's trace
 //! replay; neither should depend on the other for it, and the readers are decoders that the fuzz target
 //! `trace_reader` drives without anything else.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 mod csv_reader;
 mod oracle;

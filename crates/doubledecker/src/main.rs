@@ -1,4 +1,5 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
+#![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 #[macro_use]
 mod out;

@@ -70,7 +70,9 @@ fn short_soak_passes_its_checks() {
     // More pages than the stores hold were put: the stores evicted, and the identity still holds.
     assert!(r.identity.host_evictions_mem > 0, "{:?}", r.identity);
     assert!(r.identity.holds && r.identity.vms_checked == 2, "{:?}", r.identity);
-    assert!(r.rss.samples >= 10 && r.rss.bounded, "{:?}", r.rss);
+    // Not a sample count (a loaded machine may sample less often than every 100 ms): RSS was seen at
+    // least twice, and `bounded` itself requires a sample in the run's second half.
+    assert!(r.rss.samples >= 2 && r.rss.bounded, "{:?}", r.rss);
     assert!(r.healthy && r.clean_exit && r.pass);
     assert!(lines <= 1, "progress every 10 s: none (or one) in 3 s");
 }

@@ -27,7 +27,10 @@ fn sums(paths: &str) -> Vec<String> {
 fn containers_on_the_mount_use_their_own_pools() {
     let Some(root) = require("containers_on_the_mount_use_their_own_pools") else { return };
     if Command::new("sqlite3").arg("-version").output().is_err() {
-        skipped("containers_on_the_mount_use_their_own_pools: no sqlite3 (apt-get install sqlite3)");
+        skipped(
+            &["sqlite3"],
+            "containers_on_the_mount_use_their_own_pools: no sqlite3 (apt-get install sqlite3)",
+        );
         return;
     }
     let v = vm(2);

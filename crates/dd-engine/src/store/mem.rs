@@ -32,6 +32,10 @@ pub struct FrameId(pub u32);
 
 const HALF_BIT: u32 = 1 << 31;
 
+/// The most frames an arena may have: a half's id is `HALF_BIT | frame << 1 | half`, so a frame number
+/// must fit in 30 bits for its halves to be told from whole frames and from each other.
+pub const MAX_FRAMES: u32 = 1 << 30;
+
 impl FrameId {
     fn half(frame: u32, half: u32) -> FrameId {
         FrameId(HALF_BIT | frame << 1 | half)
@@ -109,6 +113,8 @@ thread_local! {
 impl MemStore {
     /// Reserves an arena for `max_frames` frames; `limit` frames may be in use at first.
     pub fn new(page_size: usize, max_frames: u32, limit: u32) -> std::io::Result<MemStore> {
+        // `EngineConfig::validate` refuses more; a larger arena would alias half ids.
+        assert!(max_frames <= MAX_FRAMES, "{max_frames} frames is more than MAX_FRAMES");
         let map_len = (max_frames as usize).max(1) * page_size;
         // SAFETY: an anonymous private mapping with no fixed address; arguments are valid and the result is
         // checked. MAP_NORESERVE: memory is committed on first touch.
@@ -136,10 +142,6 @@ impl MemStore {
             next_stack: AtomicUsize::new(0),
             zbud: Mutex::new(Zbud::default()),
         })
-    }
-
-    pub fn page_size(&self) -> usize {
-        self.page_size
     }
 
     pub fn max_frames(&self) -> u32 {
@@ -380,7 +382,8 @@ impl MemStore {
     }
 
     /// Frames ever handed out (an upper bound on committed memory, in frames).
-    pub fn high_water_frames(&self) -> u32 {
+    #[cfg(test)]
+    fn high_water_frames(&self) -> u32 {
         self.bump.load(Ordering::Relaxed)
     }
 }

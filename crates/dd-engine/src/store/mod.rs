@@ -1,7 +1,10 @@
 //! The two storage tiers: a bounded memory arena and a file-backed SSD store. Both only hold bytes in
 //! numbered frames/slots; which page is where is the pools' business.
 
-pub mod dedup;
-pub mod mem;
+// The memory arena and its de-duplication table are crate-private: `MemStore::read`/`write` are safe
+// functions whose soundness rests on the caller owning the frame (the ownership invariant of `mem`),
+// which only this crate's pools and `Cache` uphold. Outside the crate, `Cache` is the way in.
+pub(crate) mod dedup;
+pub(crate) mod mem;
 pub mod ssd;
 pub mod ssd_file;

@@ -41,24 +41,17 @@ pub fn environment() -> Result<CgroupRoot, String> {
     Err("no cgroup v1 or v2 memory controller".into())
 }
 
-/// Says that a test is skipped: on standard error (which `cargo test` shows only for failures) and,
-/// when `DD_SKIP_LOG` names a file, appended there (`.ci/run` prints that file, so a skip is visible).
-pub fn skipped(msg: &str) {
-    eprintln!("SKIPPED {msg}");
-    if let Some(path) = std::env::var_os("DD_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(path) {
-            let _ = writeln!(f, "SKIPPED {msg}");
-        }
-    }
-}
+/// Says that a test is skipped for want of `needs` (visible in `.ci/run`; a failure where `.ci/run`
+/// declared the machine has them: see `dd_testkit`).
+pub use dd_testkit::skipped;
 
 /// Skips (returns None with a message) where FUSE or a memory cgroup controller is unavailable.
 pub fn require(test: &str) -> Option<CgroupRoot> {
     match environment() {
         Ok(r) => Some(r),
         Err(why) => {
-            skipped(&format!("{test}: {why} (needs root, /dev/fuse and a memory cgroup controller)"));
+            let why = format!("{test}: {why} (needs root, /dev/fuse and a memory cgroup controller)");
+            skipped(&["root", "fuse", "memcg"], &why);
             None
         }
     }
