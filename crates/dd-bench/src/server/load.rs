@@ -1,0 +1,274 @@
+//! The load generator, generic over [`Backend`](super::Backend): key distributions, one connection's
+//! warm-up, mixed load and latency histograms, and the threads that drive all connections at once.
+
+use super::{stamp, Backend, Result, ServerResult, VALUE_SIZE};
+use hdrhistogram::Histogram;
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// Key distribution over `0..keys`.
+#[derive(Debug, Clone)]
+pub enum KeyDist {
+    Uniform(u64),
+    /// Cumulative probabilities of keys 0.. (key 0 the hottest).
+    Zipf(Arc<Vec<f64>>),
+}
+
+impl KeyDist {
+    pub fn new(keys: u64, theta: f64) -> KeyDist {
+        if theta <= 0.0 {
+            return KeyDist::Uniform(keys);
+        }
+        let mut cdf = Vec::with_capacity(keys as usize);
+        let mut sum = 0.0;
+        for i in 0..keys {
+            sum += 1.0 / ((i + 1) as f64).powf(theta);
+            cdf.push(sum);
+        }
+        for c in &mut cdf {
+            *c /= sum;
+        }
+        KeyDist::Zipf(Arc::new(cdf))
+    }
+
+    pub fn sample(&self, rng: &mut ChaCha8Rng) -> u64 {
+        match self {
+            KeyDist::Uniform(n) => rng.gen_range(0..*n),
+            KeyDist::Zipf(cdf) => {
+                let u: f64 = rng.gen();
+                (cdf.partition_point(|c| *c < u) as u64).min(cdf.len() as u64 - 1)
+            }
+        }
+    }
+
+    /// `n` distinct keys (a multi-get names each key once).
+    fn sample_distinct(&self, rng: &mut ChaCha8Rng, n: usize, out: &mut Vec<u64>) {
+        out.clear();
+        while out.len() < n {
+            let k = self.sample(rng);
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    }
+}
+
+/// What one connection measured.
+#[derive(Debug)]
+pub struct ConnResult {
+    pub get_hist: Histogram<u64>,
+    pub put_hist: Histogram<u64>,
+    pub get_ops: u64,
+    pub get_hits: u64,
+    pub put_ops: u64,
+    pub puts_stored: u64,
+    pub get_requests: u64,
+    pub put_requests: u64,
+    pub measured: Duration,
+}
+
+/// Load-generator settings of one connection.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    pub conn: usize,
+    pub connections: usize,
+    pub depth: usize,
+    pub batch: usize,
+    pub get_ratio: f64,
+    pub keys: u64,
+    pub dist: KeyDist,
+    pub warmup: Duration,
+    pub measure: Duration,
+    pub seed: u64,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 us .. 60 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds")
+}
+
+/// One connection's load: fill its share of the key space, barrier, warm-up, measurement.
+pub fn drive<B: Backend>(b: &mut B, spec: &LoadSpec, barrier: &Barrier) -> Result<ConnResult> {
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ spec.conn as u64);
+    let mut vals = vec![0u8; spec.batch * VALUE_SIZE];
+    rng.fill_bytes(&mut vals);
+
+    // Fill: this connection's share (keys = conn mod connections), pipelined like the measured load.
+    // The barrier is passed whatever the fill's outcome, so a failing connection cannot leave the others
+    // waiting at it forever; the error is returned after it.
+    let filled = fill(b, spec, &mut vals);
+    barrier.wait();
+    filled?;
+
+    let mut r = ConnResult {
+        get_hist: histogram(),
+        put_hist: histogram(),
+        get_ops: 0,
+        get_hits: 0,
+        put_ops: 0,
+        puts_stored: 0,
+        get_requests: 0,
+        put_requests: 0,
+        measured: Duration::ZERO,
+    };
+    let start = Instant::now();
+    let record_from = start + spec.warmup;
+    let end = record_from + spec.measure;
+    // (sent at, is get, keys) of each request in flight, oldest first.
+    let mut q: VecDeque<(Instant, bool, usize)> = VecDeque::with_capacity(spec.depth);
+    let mut keys = Vec::with_capacity(spec.batch);
+    let mut last_done = record_from;
+    loop {
+        let now = Instant::now();
+        let sending = now < end;
+        if sending && q.len() < spec.depth {
+            // Top up the pipeline: queue every free slot, then one write.
+            while q.len() < spec.depth {
+                let is_get = rng.gen_bool(spec.get_ratio);
+                spec.dist.sample_distinct(&mut rng, spec.batch, &mut keys);
+                if is_get {
+                    b.send_get(&keys)?;
+                } else {
+                    for (i, k) in keys.iter().enumerate() {
+                        stamp(&mut vals[i * VALUE_SIZE..(i + 1) * VALUE_SIZE], *k);
+                    }
+                    b.send_put(&keys, &vals)?;
+                }
+                q.push_back((Instant::now(), is_get, keys.len()));
+            }
+            b.flush()?;
+        }
+        let Some((sent, is_get, n)) = q.pop_front() else { break };
+        let done = b.recv()?;
+        let t = Instant::now();
+        if sent >= record_from {
+            let us = (t - sent).as_micros().max(1) as u64;
+            if is_get {
+                r.get_hist.saturating_record(us);
+                r.get_ops += n as u64;
+                r.get_hits += done as u64;
+                r.get_requests += 1;
+            } else {
+                r.put_hist.saturating_record(us);
+                r.put_ops += n as u64;
+                r.puts_stored += done as u64;
+                r.put_requests += 1;
+            }
+            last_done = t;
+        }
+    }
+    r.measured = last_done.saturating_duration_since(record_from);
+    Ok(r)
+}
+
+/// Puts this connection's share of the key space (`conn mod connections`), `depth` batches in flight.
+fn fill<B: Backend>(b: &mut B, spec: &LoadSpec, vals: &mut [u8]) -> Result<()> {
+    let share: Vec<u64> = (spec.conn as u64..spec.keys).step_by(spec.connections).collect();
+    let mut inflight = 0;
+    for chunk in share.chunks(spec.batch) {
+        for (i, k) in chunk.iter().enumerate() {
+            stamp(&mut vals[i * VALUE_SIZE..(i + 1) * VALUE_SIZE], *k);
+        }
+        b.send_put(chunk, &vals[..chunk.len() * VALUE_SIZE])?;
+        inflight += 1;
+        if inflight == spec.depth {
+            b.recv()?;
+            inflight -= 1;
+        }
+    }
+    for _ in 0..inflight {
+        b.recv()?;
+    }
+    Ok(())
+}
+
+/// Runs `spec.connections` threads against the backend `connect` makes, and sums their results.
+pub fn run_load<B, F>(name: &str, spec: &LoadSpec, connect: F) -> Result<ServerResult>
+where
+    B: Backend,
+    F: Fn(usize) -> Result<B> + Sync,
+{
+    let barrier = Barrier::new(spec.connections);
+    let results: Vec<Result<ConnResult>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..spec.connections)
+            .map(|c| {
+                let (barrier, connect) = (&barrier, &connect);
+                let spec = LoadSpec { conn: c, ..spec.clone() };
+                s.spawn(move || {
+                    let mut b = match connect(c) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            // Release the others from the barrier before failing: they would wait forever.
+                            barrier.wait();
+                            return Err(e);
+                        }
+                    };
+                    drive(&mut b, &spec, barrier)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("load thread panicked")).collect()
+    });
+    let mut get_hist = histogram();
+    let mut put_hist = histogram();
+    let mut res = ServerResult {
+        server: name.into(),
+        ops_per_s: 0.0,
+        get_ops: 0,
+        put_ops: 0,
+        get_hit_ratio: 0.0,
+        puts_not_stored: 0,
+        get_requests: 0,
+        put_requests: 0,
+        get_p50_us: 0.0,
+        get_p99_us: 0.0,
+        put_p50_us: 0.0,
+        put_p99_us: 0.0,
+        measured_secs: 0.0,
+    };
+    let mut hits = 0;
+    let mut measured = Duration::ZERO;
+    for r in results {
+        let r = r?;
+        get_hist.add(&r.get_hist).expect("same bounds");
+        put_hist.add(&r.put_hist).expect("same bounds");
+        res.get_ops += r.get_ops;
+        res.put_ops += r.put_ops;
+        hits += r.get_hits;
+        res.puts_not_stored += r.put_ops - r.puts_stored;
+        res.get_requests += r.get_requests;
+        res.put_requests += r.put_requests;
+        measured = measured.max(r.measured);
+    }
+    let secs = measured.as_secs_f64().max(1e-9);
+    res.measured_secs = measured.as_secs_f64();
+    res.ops_per_s = (res.get_ops + res.put_ops) as f64 / secs;
+    res.get_hit_ratio = if res.get_ops > 0 { hits as f64 / res.get_ops as f64 } else { 0.0 };
+    res.get_p50_us = get_hist.value_at_quantile(0.5) as f64;
+    res.get_p99_us = get_hist.value_at_quantile(0.99) as f64;
+    res.put_p50_us = put_hist.value_at_quantile(0.5) as f64;
+    res.put_p99_us = put_hist.value_at_quantile(0.99) as f64;
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_keys_are_in_range_and_skewed() {
+        let d = KeyDist::new(1000, 0.99);
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut low = 0;
+        for _ in 0..10_000 {
+            let k = d.sample(&mut rng);
+            assert!(k < 1000);
+            low += (k < 10) as u32;
+        }
+        // Under zipf(0.99) the 10 hottest of 1000 keys take ~39% of accesses; uniform would give 1%.
+        assert!(low > 2_000, "{low}");
+    }
+}

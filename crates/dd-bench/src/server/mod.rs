@@ -1,0 +1,394 @@
+//! `bench server --against memcached`: our daemon against a real memcached over TCP loopback, driven by
+//! one load generator (SPEC section 11: ">= 1.5x the ops/s of memcached with 4 KiB values, p99 latency no
+//! worse").
+//!
+//! # What it owns
+//!
+//! Both servers are started here on 127.0.0.1 and stopped (by PID) at the end: the `doubledecker serve`
+//! binary the caller names, memory-only, with one VM in its configuration file and one pool created over
+//! the data plane; and `memcached -p <free port> -l 127.0.0.1 -m <MiB> -t <threads> -U 0`. Both get the
+//! same number of worker threads (the machine's cores: our daemon's tokio runtime uses one per core) and
+//! enough memory for the whole key space, so neither evicts and the comparison is of the request path.
+//!
+//! # Method (identical for both servers: the generator is generic over [`Backend`])
+//!
+//! * `connections` client threads, one TCP connection each (Nagle off on both).
+//! * Every request is a batch of `batch` distinct keys: a multi-get (`get k1 k2 ...` for memcached,
+//!   GET_BATCH for ours) or a batch of puts (meta `ms <key> 4096 q` commands closed by `mn` for memcached:
+//!   quiet mode answers only errors, `mn` marks the end of the batch; PUT_BATCH for ours). Each connection
+//!   keeps `depth` requests in flight (pipelining); a request's latency is the time from writing it to
+//!   reading the last byte of its answer.
+//! * Values are 4 KiB; every value carries its key in its first and last 8 bytes, and every hit of both
+//!   servers is checked, so a wrong answer fails the benchmark instead of being counted.
+//! * Thread `t` seeds a ChaCha8 generator with `seed ^ t`, so both servers see exactly the same sequence
+//!   of requests on every connection. A request is a get with probability `get_ratio`, keys are uniform
+//!   (or zipfian with `zipf_theta > 0`) over `keys` keys.
+//! * Warm-up: the connections first put the whole key space (so gets hit), then run the mixed load for
+//!   `warmup_secs` unrecorded; then `seconds` are measured. ops/s counts individual page operations
+//!   (a batch of 16 gets is 16 ops), over the measured time until the last answer arrived.
+//!
+//! # Fairness of the get semantics
+//!
+//! Our ephemeral pools default to exclusive gets (a hit removes the page, the cleancache contract of a
+//! guest that now holds the page itself). memcached's get never removes. Two ways to compare: re-put
+//! every page a get hit on our side (extra work memcached does not do, or that memcached would then have
+//! to do too, changing the op mix for both), or run our pool with non-exclusive gets. This benchmark does
+//! the latter: an ephemeral memory pool with `exclusive_gets = false` has exactly memcached's semantics
+//! (a get leaves the value, a put overwrites it, the cache may drop values under pressure), so the same
+//! op sequence means the same thing on both servers and both keep the whole key space resident.
+
+use crate::daemon::{free_port, BenchVm, Daemon, DaemonError, DaemonOptions};
+use dd_engine::{EvictionOrder, PoolKind, PoolOptions, Spec};
+use serde::Serialize;
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Errors of `bench server`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerBenchError {
+    #[error("invalid option {field}: {reason}")]
+    InvalidOption { field: &'static str, reason: String },
+    #[error("memcached not found ({0}); install it with `apt-get install memcached`")]
+    MemcachedMissing(String),
+    #[error("memcached: {0}")]
+    Memcached(String),
+    #[error("memcached protocol: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    #[error("doubledecker client: {0}")]
+    Client(#[from] dd_client::ClientError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{server} returned the wrong value for key {key}")]
+    Corrupt { server: &'static str, key: u64 },
+}
+
+type Result<T> = std::result::Result<T, ServerBenchError>;
+
+/// Value size of every put (SPEC: 4 KiB values on both sides).
+pub const VALUE_SIZE: usize = 4096;
+
+/// Options of `bench server`.
+#[derive(Debug, Clone)]
+pub struct ServerBenchOptions {
+    /// The `doubledecker` executable (started as `serve`).
+    pub exe: PathBuf,
+    /// Also run memcached (`--against memcached`); without it only our daemon is measured.
+    pub against_memcached: bool,
+    /// The memcached executable. Default `memcached` (from PATH).
+    pub memcached: PathBuf,
+    /// Client connections, one thread each. Default 4.
+    pub connections: usize,
+    /// Requests in flight per connection. Default 4.
+    pub depth: usize,
+    /// Keys per request (multi-get / put batch). Default 16.
+    pub batch: usize,
+    /// Fraction of requests that are gets. Default 0.9.
+    pub get_ratio: f64,
+    /// Key space. Default 65 536 (256 MiB of values).
+    pub keys: u64,
+    /// 0: uniform keys; otherwise zipfian with this exponent. Default 0.
+    pub zipf_theta: f64,
+    /// Unrecorded mixed load after the fill. Default 1 s.
+    pub warmup_secs: f64,
+    /// Measured time per server. Default 5 s.
+    pub seconds: f64,
+    pub seed: u64,
+}
+
+impl Default for ServerBenchOptions {
+    fn default() -> Self {
+        ServerBenchOptions {
+            exe: PathBuf::from("doubledecker"),
+            against_memcached: true,
+            memcached: PathBuf::from("memcached"),
+            connections: 4,
+            depth: 4,
+            batch: 16,
+            get_ratio: 0.9,
+            keys: 65_536,
+            zipf_theta: 0.0,
+            warmup_secs: 1.0,
+            seconds: 5.0,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// The figures of one server.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerResult {
+    pub server: String,
+    /// Page operations (each key of a batch) per second, gets and puts together.
+    pub ops_per_s: f64,
+    pub get_ops: u64,
+    pub put_ops: u64,
+    /// Gets that hit / gets (should be 1.0: the key space fits both caches).
+    pub get_hit_ratio: f64,
+    /// Puts the server did not store (ours: refused; memcached: none, errors fail the run).
+    pub puts_not_stored: u64,
+    pub get_requests: u64,
+    pub put_requests: u64,
+    /// Latency of a whole request (one batch) from write to last byte of the answer, microseconds.
+    pub get_p50_us: f64,
+    pub get_p99_us: f64,
+    pub put_p50_us: f64,
+    pub put_p99_us: f64,
+    pub measured_secs: f64,
+}
+
+/// The parameters both servers ran with.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerBenchParams {
+    pub connections: usize,
+    pub pipeline_depth: usize,
+    pub batch_keys: usize,
+    pub value_size_bytes: usize,
+    pub get_ratio: f64,
+    pub keys: u64,
+    pub key_distribution: String,
+    pub warmup_secs: f64,
+    pub seconds: f64,
+    pub seed: u64,
+    /// Worker threads of each server (memcached `-t`, our tokio runtime: one per core).
+    pub server_threads: usize,
+    pub doubledecker_mem_capacity_mib: u64,
+    pub memcached_memory_mib: Option<u64>,
+    pub memcached_version: Option<String>,
+}
+
+/// The report printed by `doubledecker bench server --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerBenchReport {
+    pub parameters: ServerBenchParams,
+    pub doubledecker: ServerResult,
+    pub memcached: Option<ServerResult>,
+    /// ours / memcached ops/s; SPEC target: at least 1.5.
+    pub ratio_ops: Option<f64>,
+    /// Our get p99 and put p99 are each at most memcached's.
+    pub p99_no_worse: Option<bool>,
+}
+
+/// A server the load generator drives. Requests are queued with `send_*` (pipelining), written by
+/// `flush`, and answered in order by `recv`.
+pub trait Backend {
+    /// Queues puts of `keys`; `vals` holds one [`VALUE_SIZE`] value per key, back to back.
+    fn send_put(&mut self, keys: &[u64], vals: &[u8]) -> Result<()>;
+    /// Queues a multi-get of `keys`.
+    fn send_get(&mut self, keys: &[u64]) -> Result<()>;
+    /// Writes every queued request.
+    fn flush(&mut self) -> Result<()>;
+    /// Reads the answer of the oldest outstanding request: for a get the number of hits (every hit's
+    /// value checked against its key), for a put the number of values stored.
+    fn recv(&mut self) -> Result<usize>;
+
+    /// One put batch, waiting for its answer.
+    fn put_many(&mut self, keys: &[u64], vals: &[u8]) -> Result<usize> {
+        self.send_put(keys, vals)?;
+        self.recv()
+    }
+    /// One multi-get, waiting for its answer; returns the hits.
+    fn get_many(&mut self, keys: &[u64]) -> Result<usize> {
+        self.send_get(keys)?;
+        self.recv()
+    }
+}
+
+/// Writes `key` into the first and last 8 bytes of a value so every hit can be checked.
+pub fn stamp(val: &mut [u8], key: u64) {
+    val[..8].copy_from_slice(&key.to_le_bytes());
+    let n = val.len();
+    val[n - 8..].copy_from_slice(&(!key).to_le_bytes());
+}
+
+/// Whether `val` carries `key` (see [`stamp`]).
+pub fn stamped(val: &[u8], key: u64) -> bool {
+    let n = val.len();
+    n == VALUE_SIZE && val[..8] == key.to_le_bytes() && val[n - 8..] == (!key).to_le_bytes()
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcached: a minimal text / meta protocol client
+// ---------------------------------------------------------------------------------------------
+
+mod conns;
+mod load;
+pub mod memcache;
+
+pub use conns::{DdConn, MemcachedConn};
+pub use load::{drive, run_load, ConnResult, KeyDist, LoadSpec};
+
+// ---------------------------------------------------------------------------------------------
+// memcached process
+// ---------------------------------------------------------------------------------------------
+
+/// A memcached process started for the benchmark; killed (by PID) and reaped on drop.
+struct Memcached {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn memcached_version(bin: &PathBuf) -> Result<String> {
+    let out = Command::new(bin)
+        .arg("-V")
+        .output()
+        .map_err(|e| ServerBenchError::MemcachedMissing(format!("{}: {e}", bin.display())))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn start_memcached(bin: &PathBuf, memory_mib: u64, threads: usize) -> Result<Memcached> {
+    let port = free_port()?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+        .args(["-m", &memory_mib.to_string(), "-t", &threads.to_string(), "-c", "1024"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // memcached refuses to run as root without naming the user to run as.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.args(["-u", "root"]);
+    }
+    let child =
+        cmd.spawn().map_err(|e| ServerBenchError::MemcachedMissing(format!("{}: {e}", bin.display())))?;
+    let mut m = Memcached { child, addr: SocketAddr::from(([127, 0, 0, 1], port)) };
+    // Bound on start-up, not a timing assertion.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if TcpStream::connect(m.addr).is_ok() {
+            return Ok(m);
+        }
+        if let Some(st) = m.child.try_wait()? {
+            return Err(ServerBenchError::Memcached(format!("exited at start: {st}")));
+        }
+        if Instant::now() > deadline {
+            return Err(ServerBenchError::Memcached("not listening after 30 s".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The benchmark
+// ---------------------------------------------------------------------------------------------
+
+fn validate(o: &ServerBenchOptions) -> Result<()> {
+    let bad = |field, reason: &str| Err(ServerBenchError::InvalidOption { field, reason: reason.into() });
+    if o.connections == 0 {
+        return bad("connections", "must be at least 1");
+    }
+    if o.depth == 0 {
+        return bad("depth", "must be at least 1");
+    }
+    if o.batch == 0 || o.batch > 256 {
+        return bad("batch", "must be 1 to 256 (the daemon's default max_batch)");
+    }
+    if !(0.0..=1.0).contains(&o.get_ratio) {
+        return bad("get_ratio", "must be within 0..1");
+    }
+    if o.keys < (o.batch * o.connections) as u64 {
+        return bad("keys", "must be at least batch x connections");
+    }
+    if o.seconds.is_nan() || o.seconds <= 0.0 || o.warmup_secs.is_nan() || o.warmup_secs < 0.0 {
+        return bad("seconds", "must be positive (warm-up non-negative)");
+    }
+    Ok(())
+}
+
+/// Runs the benchmark; `progress` gets a short line before each phase.
+pub fn run(o: &ServerBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<ServerBenchReport> {
+    validate(o)?;
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let data_mib = (o.keys * VALUE_SIZE as u64).div_ceil(1 << 20);
+    // Ours: a page takes exactly a 4 KiB frame; 25% + 16 MiB headroom keeps every key resident even
+    // with the eviction batch's slack.
+    let dd_mib = data_mib + data_mib / 4 + 16;
+    // memcached: a 4 KiB value with its ~60-byte item header lands in a 4.5 KiB slab chunk (growth
+    // factor 1.25), and each slab class takes whole 1 MiB pages: twice the data plus 64 MiB is ample.
+    let mc_mib = data_mib * 2 + 64;
+    let mc_version = if o.against_memcached { Some(memcached_version(&o.memcached)?) } else { None };
+    let spec = LoadSpec {
+        conn: 0,
+        connections: o.connections,
+        depth: o.depth,
+        batch: o.batch,
+        get_ratio: o.get_ratio,
+        keys: o.keys,
+        dist: KeyDist::new(o.keys, o.zipf_theta),
+        warmup: Duration::from_secs_f64(o.warmup_secs),
+        measure: Duration::from_secs_f64(o.seconds),
+        seed: o.seed,
+    };
+
+    progress(&format!("doubledecker: {} MiB memory store, {} keys, {} s", dd_mib, o.keys, o.seconds));
+    let vm = BenchVm::new(1);
+    let ours = {
+        let daemon = Daemon::start(&DaemonOptions {
+            exe: o.exe.clone(),
+            mem_capacity_bytes: dd_mib << 20,
+            ssd_capacity_bytes: 0,
+            vms: vec![vm.clone()],
+            extra_toml: String::new(),
+        })?;
+        let mut admin = dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?;
+        let pool = admin.create_cgroup(PoolOptions {
+            kind: PoolKind::Ephemeral,
+            spec: Spec::Mem { weight: 100 },
+            order: EvictionOrder::default(),
+            exclusive_gets: false,
+        })?;
+        let r = run_load("doubledecker", &spec, |_| DdConn::connect(daemon.tcp, &vm, pool))?;
+        let mut d = daemon;
+        d.stop(Duration::from_secs(10))?;
+        r
+    };
+
+    let theirs = if o.against_memcached {
+        progress(&format!("memcached: -m {mc_mib} -t {threads}, {} keys, {} s", o.keys, o.seconds));
+        let mc = start_memcached(&o.memcached, mc_mib, threads)?;
+        let r = run_load("memcached", &spec, |_| MemcachedConn::connect(mc.addr))?;
+        drop(mc);
+        Some(r)
+    } else {
+        None
+    };
+
+    Ok(ServerBenchReport {
+        parameters: ServerBenchParams {
+            connections: o.connections,
+            pipeline_depth: o.depth,
+            batch_keys: o.batch,
+            value_size_bytes: VALUE_SIZE,
+            get_ratio: o.get_ratio,
+            keys: o.keys,
+            key_distribution: if o.zipf_theta > 0.0 {
+                format!("zipf({})", o.zipf_theta)
+            } else {
+                "uniform".into()
+            },
+            warmup_secs: o.warmup_secs,
+            seconds: o.seconds,
+            seed: o.seed,
+            server_threads: threads,
+            doubledecker_mem_capacity_mib: dd_mib,
+            memcached_memory_mib: o.against_memcached.then_some(mc_mib),
+            memcached_version: mc_version,
+        },
+        ratio_ops: theirs.as_ref().map(|m| ours.ops_per_s / m.ops_per_s),
+        p99_no_worse: theirs
+            .as_ref()
+            .map(|m| ours.get_p99_us <= m.get_p99_us && ours.put_p99_us <= m.put_p99_us),
+        doubledecker: ours,
+        memcached: theirs,
+    })
+}
