@@ -1,6 +1,10 @@
 //! Fuzz target: arbitrary bytes as a connection's input stream, through the daemon's frame splitter
-//! and request handler against a real (memory-only) engine, with and without a valid HELLO first.
-//! Nothing may panic, and the engine's invariants must hold afterwards.
+//! and request handler against a real (memory-only) engine: with no HELLO first (the
+//! pre-authentication path: HELLO frame limit, one frame answered at a time), with a HELLO of a wrong
+//! token, and with a valid HELLO. Nothing may panic; every response is a whole frame within the frame
+//! limit (`limits.max_payload_bytes`), and an unauthenticated connection gets only short error frames
+//! or a HELLO answer; the engine's invariants hold afterwards and VM 2 is never touched.
+//! `dd_server::net::tests::drive_random_inputs_*` runs the same checks on seeded inputs.
 #![no_main]
 
 use dd_server::handler::Session;
@@ -28,12 +32,18 @@ fuzz_target!(|data: &[u8]| {
     let st = state();
     let mut sess = Session::new();
     let mut input = Vec::new();
-    if data.first().is_some_and(|b| b & 1 == 1) {
-        dd_proto::Request::Hello { min_version: 1, max_version: 1, vm: 1, token: TOKEN.as_bytes() }
+    let token = match data.first().map(|b| b % 3) {
+        Some(1) => Some(TOKEN),
+        Some(2) => Some("not-the-token-of-vm-1"),
+        _ => None,
+    };
+    if let Some(t) = token {
+        dd_proto::Request::Hello { min_version: 1, max_version: 1, vm: 1, token: t.as_bytes() }
             .encode(1, 0, &mut input);
     }
     input.extend_from_slice(data);
-    let _ = dd_server::net::drive(st, &mut sess, &input);
+    let (out, _) = dd_server::net::drive(st, &mut sess, &input);
+    dd_server::net::check_responses(st, &out, sess.registration().is_some()).unwrap();
     // Another VM's view is never touched by VM 1's traffic.
     assert!(st.cache.pools(dd_engine::VmId(2)).unwrap().is_empty());
     st.cache.check_invariants().unwrap();
