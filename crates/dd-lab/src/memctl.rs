@@ -374,13 +374,8 @@ fn in_range(x: f64, min: Option<f64>, max: Option<f64>) -> bool {
 }
 
 /// A bound as written in a scenario (scaled bounds print without float noise).
-fn num(x: f64) -> String {
-    let t = format!("{x:.3}");
-    t.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
 fn range_text(min: Option<f64>, max: Option<f64>) -> String {
-    let (min, max) = (min.map(num), max.map(num));
+    let (min, max) = (min.map(crate::report::threshold), max.map(crate::report::threshold));
     match (min, max) {
         (Some(a), Some(b)) => format!("want in [{a}, {b}]"),
         (Some(a), None) => format!("want >= {a}"),
@@ -504,8 +499,8 @@ pub fn eval_reclaim_mode(runs: &[RunResult], c: &ReclaimModeCheck) -> Result<(bo
             "directed {:.1} MiB, LRU {:.1} MiB: directed fraction {f:.3} (want in [{}, {}])",
             mib(d),
             mib(l),
-            c.min,
-            c.max
+            crate::report::threshold(c.min),
+            crate::report::threshold(c.max)
         ),
     ))
 }

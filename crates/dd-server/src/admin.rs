@@ -18,7 +18,7 @@
 
 use crate::auth::{token_problem, Registration};
 use crate::config::VmConfig;
-use crate::state::ServerState;
+use crate::state::{PersistError, ServerState};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -71,6 +71,16 @@ impl From<CacheError> for ApiError {
             _ => StatusCode::BAD_REQUEST,
         };
         err(status, e.code_name(), e.to_string())
+    }
+}
+
+impl From<PersistError> for ApiError {
+    fn from(e: PersistError) -> Self {
+        match e {
+            PersistError::Engine(e) => e.into(),
+            // The change is not in force (see `state`): a server-side failure, named like the engine's.
+            PersistError::File(e) => err(StatusCode::INTERNAL_SERVER_ERROR, "io_error", e.to_string()),
+        }
     }
 }
 
@@ -140,6 +150,14 @@ async fn blocking<T: Send + 'static>(
     state: &Arc<ServerState>,
     f: impl FnOnce(&ServerState) -> Result<T, CacheError> + Send + 'static,
 ) -> ApiResult<T> {
+    registration_change(state, move |s| f(s).map_err(PersistError::from)).await
+}
+
+/// Runs a registration change (which also writes the registrations file) on the blocking pool.
+async fn registration_change<T: Send + 'static>(
+    state: &Arc<ServerState>,
+    f: impl FnOnce(&ServerState) -> Result<T, PersistError> + Send + 'static,
+) -> ApiResult<T> {
     let st = state.clone();
     tokio::task::spawn_blocking(move || f(&st))
         .await
@@ -164,6 +182,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
         .route("/v1/vm/stats", get(vm_stats))
+        .merge(crate::ui::router())
         .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
@@ -203,6 +222,8 @@ pub struct StoreInfo {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HostInfo {
+    /// This start's instance id (what HELLO returns), as 16 hex digits.
+    pub instance: String,
     pub page_size_bytes: usize,
     pub mode: Mode,
     pub eviction_batch_bytes: u64,
@@ -223,6 +244,7 @@ fn host_info(s: &ServerState) -> HostInfo {
     let h = s.cache.host_stats();
     let ps = h.page_size as u64;
     HostInfo {
+        instance: format!("{:016x}", s.instance),
         page_size_bytes: h.page_size,
         mode: h.mode,
         eviction_batch_bytes: h.eviction_batch_pages * ps,
@@ -370,7 +392,7 @@ async fn add_vm(
         dedup_group: n.dedup_group.unwrap_or_default(),
     };
     let cfg2 = cfg.clone();
-    blocking(&s, move |s| s.add_vm(&cfg2)).await?;
+    registration_change(&s, move |s| s.add_vm(&cfg2)).await?;
     Ok((
         StatusCode::CREATED,
         Json(VmCredentials {
@@ -432,9 +454,9 @@ async fn replace_tokens(
     }
     let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, Some(VmId(vm)))?;
     let (d, a) = (data_token.clone(), admin_token.clone());
-    let info = blocking(&s, move |s| {
+    let info = registration_change(&s, move |s| {
         s.replace_tokens(VmId(vm), &d, &a)?;
-        vm_info(s, VmId(vm))
+        Ok::<_, PersistError>(vm_info(s, VmId(vm))?)
     })
     .await?;
     Ok(Json(VmCredentials { id: vm, weights: info.weights, data_token, admin_token }))
@@ -456,9 +478,9 @@ async fn set_quota(
     host_auth(&s, &headers)?;
     let Path(vm) = vm?;
     let Json(q) = body?;
-    let info = blocking(&s, move |s| {
-        s.cache.set_vm_pool_quota(VmId(vm), q.max_pools)?;
-        vm_info(s, VmId(vm))
+    let info = registration_change(&s, move |s| {
+        s.set_vm_pool_quota(VmId(vm), q.max_pools)?;
+        Ok::<_, PersistError>(vm_info(s, VmId(vm))?)
     })
     .await?;
     Ok(Json(info))
@@ -481,7 +503,7 @@ async fn remove_vm(
 ) -> ApiResult<StatusCode> {
     host_auth(&s, &headers)?;
     let Path(vm) = vm?;
-    blocking(&s, move |s| s.remove_vm(VmId(vm))).await?;
+    registration_change(&s, move |s| s.remove_vm(VmId(vm))).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -494,9 +516,9 @@ async fn set_weights(
     host_auth(&s, &headers)?;
     let Path(vm) = vm?;
     let Json(w) = body?;
-    let info = blocking(&s, move |s| {
+    let info = registration_change(&s, move |s| {
         s.set_vm_weights(VmId(vm), w)?;
-        vm_info(s, VmId(vm))
+        Ok::<_, PersistError>(vm_info(s, VmId(vm))?)
     })
     .await?;
     Ok(Json(info))

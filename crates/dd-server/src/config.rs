@@ -76,6 +76,10 @@ pub struct AuthConfig {
     pub host_admin_token: String,
     /// Relative to `data_dir`. Default `admin.token`.
     pub token_file: PathBuf,
+    /// VM registrations made or changed at run time, kept across restarts (token hashes only, mode
+    /// 0600; `persist` module). Relative to `data_dir`; empty: not kept (every restart starts from the
+    /// configuration alone). Default `registrations.json`.
+    pub registrations_file: PathBuf,
 }
 
 /// Co-operative de-duplication between daemons (`coop` module, `docs/protocol.md` "Peer protocol").

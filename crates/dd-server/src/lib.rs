@@ -5,7 +5,8 @@
 //! (HTTP/JSON, host and VM scopes) with Prometheus metrics, and graceful shutdown.
 //!
 //! Module map: [`config`] (serde configuration, embedded default, `validate()`), [`auth`] (tokens,
-//! constant-time checks), [`state`] (what every part shares, lock order), [`handler`] (one frame in,
+//! constant-time checks), [`persist`] (the registrations file: run-time VM registrations kept across
+//! restarts), [`state`] (what every part shares, lock order), [`handler`] (one frame in,
 //! one response out, no I/O but a remotified get's bounded peer fetch: the fuzz target drives it),
 //! [`net`] (listeners, connection loop, per connection bounds, blocking policy), [`admin`] (axum
 //! routes), [`metrics`], [`coop`] (co-operative de-duplication: peer listener, client, remotifier,
@@ -24,7 +25,9 @@ pub mod etcd;
 pub mod handler;
 pub mod metrics;
 pub mod net;
+pub mod persist;
 pub mod state;
+pub mod ui;
 
 pub use config::ServerConfig;
 pub use state::ServerState;
@@ -76,6 +79,9 @@ pub struct Bound {
     pub coop: Option<SocketAddr>,
     /// Where the host admin token was read from or written to (absent when it came from the config).
     pub token_file: Option<PathBuf>,
+    /// This start's instance id (what HELLO returns), as 16 hex digits.
+    #[serde(default)]
+    pub instance: String,
 }
 
 /// Resolves the host admin token: from the configuration, else from the token file, else a fresh one
@@ -259,6 +265,7 @@ pub async fn run(
         admin: admin_listener.local_addr().map_err(|e| ServerError::Io(e.to_string()))?,
         pid: std::process::id(),
         token_file,
+        instance: format!("{:016x}", state.instance),
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -20,6 +20,9 @@ pub struct WatchArgs {
     /// The watcher's TOML configuration.
     #[arg(long)]
     config: PathBuf,
+    /// This VM's data-plane token (printed by `vm add`); overrides the file's `daemon.data_token`.
+    #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Reconcile once and exit, leaving the pools in place (for scripts).
     #[arg(long)]
     once: bool,
@@ -28,12 +31,15 @@ pub struct WatchArgs {
 pub fn run(cmd: GuestCommand) -> Result<()> {
     match cmd {
         GuestCommand::Watch(a) => {
-            let cfg = WatchConfig::from_file(&a.config)?;
+            let cfg = WatchConfig::load(&a.config, a.token.as_deref())?;
             let interval = Duration::from_millis(cfg.poll_interval_ms);
-            let mut w = Watcher::new(cfg).context("connecting to the daemon")?;
+            let mut w = Watcher::new(cfg)?;
             if a.once {
                 let ch = w.round()?;
-                println!("{}", serde_json::to_string(&ch)?);
+                if ch.away {
+                    anyhow::bail!("the daemon at {} cannot be reached", w.config().endpoint().address());
+                }
+                outln!("{}", serde_json::to_string(&ch)?);
                 return Ok(());
             }
             let stop = Arc::new(AtomicBool::new(false));
@@ -42,14 +48,23 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
             }
             while !stop.load(Ordering::Relaxed) {
                 let ch = w.round()?;
+                if !ch.lost.is_empty() {
+                    errln!(
+                        "guest watch: the daemon restarted; creating the pools of {} again",
+                        ch.lost.join(", ")
+                    );
+                }
+                for n in &ch.adopted {
+                    errln!("guest watch: {n}: pool {} adopted", w.pools()[n].pool.0);
+                }
                 for n in &ch.created {
-                    eprintln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
+                    errln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
                 }
                 for n in &ch.respecified {
-                    eprintln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
+                    errln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
                 }
                 for n in &ch.destroyed {
-                    eprintln!("guest watch: {n}: pool destroyed");
+                    errln!("guest watch: {n}: pool destroyed");
                 }
                 std::thread::sleep(interval);
             }

@@ -49,49 +49,24 @@ pub struct RunArgs {
     /// in-process engine; it must run the lab's engine settings (docs/scenario-format.md).
     #[arg(long, requires_all = ["admin", "token"])]
     daemon: Option<String>,
-    /// The daemon's admin API address (`HOST:PORT`).
-    #[arg(long)]
+    /// The daemon's admin API, `http://HOST:PORT` as for every other command (`--admin HOST:PORT`, the
+    /// older form, still works).
+    #[arg(long = "admin-url", alias = "admin", env = "DD_ADMIN_URL")]
     admin: Option<String>,
-    /// The daemon's host admin token (registers the scenario's VMs, sets capacities and mode).
+    /// The daemon's host admin token (registers the scenario's VMs, sets capacities and mode); default
+    /// $DD_HOST_TOKEN.
     #[arg(long, env = "DD_HOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
 
-/// Standard output that stops writing, quietly, once its reader is gone (`lab run ... | head`): the
-/// outputs are files, the lines are a courtesy, and a closed pipe must not turn a run into a panic.
-struct Out {
-    closed: bool,
-}
-
-impl Out {
-    fn line(&mut self, text: std::fmt::Arguments<'_>) {
-        use std::io::Write;
-        if self.closed {
-            return;
-        }
-        let mut o = std::io::stdout().lock();
-        if let Err(e) = o.write_fmt(text).and_then(|()| o.write_all(b"\n")).and_then(|()| o.flush()) {
-            // Any write error means nobody reads: stop printing (a broken pipe is the usual one).
-            self.closed = true;
-            if e.kind() != std::io::ErrorKind::BrokenPipe {
-                eprintln!("doubledecker lab: standard output: {e}");
-            }
-        }
-    }
-}
-
 pub fn run(cmd: LabCommand) -> Result<()> {
-    let mut out = Out { closed: false };
     match cmd {
         LabCommand::List => {
+            let width = bundled::SCENARIOS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
             for (name, _) in bundled::SCENARIOS {
                 let s = bundled::get(name)?;
-                let first = s.description.trim().lines().next().unwrap_or("").to_string();
-                out.line(format_args!(
-                    "{name:<28} {} variant(s), {} check(s)  {first}",
-                    s.variant_list().len(),
-                    s.checks.len()
-                ));
+                let what = format!("{} variant(s), {} check(s)", s.variant_list().len(), s.checks.len());
+                outln!("{name:<width$}  {what:<24}  {}", summary(&s.description, 72));
             }
             Ok(())
         }
@@ -105,11 +80,12 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             let daemon = match (&a.daemon, &a.admin, &a.token) {
                 (Some(d), Some(admin), Some(token)) => Some(dd_lab::remote::DaemonTarget {
                     data: dd_lab::remote::DataAddr::parse(d)?,
+                    // `AdminClient` takes `http://HOST:PORT` and `HOST:PORT` alike.
                     admin: admin.clone(),
                     host_token: token.clone(),
                 }),
                 (None, _, _) => None,
-                _ => bail!("--daemon needs --admin and --token (or DD_HOST_TOKEN)"),
+                _ => bail!("--daemon needs --admin-url (or DD_ADMIN_URL) and --token (or DD_HOST_TOKEN)"),
             };
             let mut results = Vec::new();
             let mut failed = Vec::new();
@@ -124,7 +100,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                     jobs: a.jobs,
                     host_memory: None,
                 };
-                let res = run_one(sc, &opts, &dir, a.quiet, &mut out)?;
+                let res = run_one(sc, &opts, &dir, a.quiet)?;
                 if !res.all_passed() {
                     failed.push(sc.name.clone());
                 }
@@ -134,7 +110,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 let refs: Vec<(&str, &dd_lab::ScenarioResult)> =
                     results.iter().map(|(n, r)| (n.as_str(), r)).collect();
                 dd_lab::plot::write_index(&refs, &a.out)?;
-                out.line(format_args!("index: {}", a.out.join("index.html").display()));
+                outln!("index: {}", a.out.join("index.html").display());
             }
             if !failed.is_empty() {
                 bail!("checks failed in: {}", failed.join(", "));
@@ -142,6 +118,23 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The description on one line, cut at a word boundary to at most `max` characters ("..." marks a cut).
+fn summary(description: &str, max: usize) -> String {
+    let words: Vec<&str> = description.split_whitespace().collect();
+    let mut line = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let room = if i + 1 == words.len() { max } else { max.saturating_sub(3) };
+        if line.chars().count() + usize::from(!line.is_empty()) + w.chars().count() > room {
+            return format!("{line}...");
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(w);
+    }
+    line
 }
 
 fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
@@ -163,7 +156,7 @@ fn report_plan(sc: &Scenario, p: &dd_lab::Prepared, opts: &RunOptions, quiet: bo
     let nvar = plan.estimates.len();
     if plan.jobs < want.min(nvar) {
         // Always said: the user asked for more (or has more cores) than fit.
-        eprintln!(
+        errln!(
             "{}: {} variant(s) side by side instead of {} (what fits in {} of memory above the 20% margin)",
             sc.name,
             plan.jobs,
@@ -179,7 +172,7 @@ fn report_plan(sc: &Scenario, p: &dd_lab::Prepared, opts: &RunOptions, quiet: bo
     } else {
         format!(", SSD scratch in {} (memory-backed)", plan.scratch_dir.display())
     };
-    eprintln!(
+    errln!(
         "{}: estimated peak memory {} with {} variant(s) side by side, {} available of {}{scratch}",
         sc.name,
         gib(plan.peak_bytes),
@@ -198,13 +191,7 @@ fn peak_rss_bytes() -> Option<u64> {
         .map(|k| k * 1024)
 }
 
-fn run_one(
-    sc: &Scenario,
-    opts: &RunOptions,
-    dir: &Path,
-    quiet: bool,
-    out: &mut Out,
-) -> Result<dd_lab::ScenarioResult> {
+fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<dd_lab::ScenarioResult> {
     let prepared = dd_lab::prepare(sc, opts).with_context(|| format!("scenario {}", sc.name))?;
     report_plan(sc, &prepared, opts, quiet);
     let nvar = sc.variant_list().len() as u64;
@@ -238,7 +225,7 @@ fn run_one(
     dd_lab::report::write_data(&res, dir)?;
     dd_lab::plot::write_plots_and_report(&res, dir)?;
     // Wall-clock and memory figures go to the terminal only (never into summary.json / timeseries.csv).
-    out.line(format_args!(
+    outln!(
         "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), peak RSS {} MiB, outputs in {}",
         sc.name,
         res.runs.len(),
@@ -247,9 +234,9 @@ fn run_one(
         res.accesses() as f64 / wall.max(1e-9) / 1e6,
         peak_rss_bytes().map_or_else(|| "?".to_string(), |b| (b >> 20).to_string()),
         dir.display()
-    ));
+    );
     for c in &res.checks {
-        out.line(format_args!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail));
+        outln!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
     }
     Ok(res)
 }

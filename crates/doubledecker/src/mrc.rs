@@ -53,6 +53,7 @@ pub struct MrcArgs {
     /// CSV: the column of the ids, counting from 1 (the first line is a header and is skipped).
     #[arg(long)]
     column: Option<usize>,
+    /// How the curve is computed: exact LRU, SHARDS sampling (LRU), or miniature simulation.
     #[arg(long, value_enum, default_value_t = MethodArg::Shards)]
     method: MethodArg,
     /// Fixed-rate sampling: the fraction of ids sampled (shards, minisim; default 0.01).
@@ -154,7 +155,7 @@ pub fn run(a: MrcArgs) -> Result<()> {
     let cpu = dd_bench::thread_cpu_s() - start;
     bar.finish_and_clear();
     if !a.quiet {
-        eprintln!(
+        errln!(
             "{} requests in {cpu:.2} CPU s: {:.1} M requests per CPU second",
             result.requests,
             result.requests as f64 / cpu.max(1e-9) / 1e6
@@ -166,7 +167,7 @@ pub fn run(a: MrcArgs) -> Result<()> {
         dd_mrc::plot::write_png(path, &title, &[(&label, &result.curve)], &[])?;
     }
     if a.json {
-        println!("{}", serde_json::to_string(&json(&result, config.unit))?);
+        outln!("{}", serde_json::to_string(&json(&result, config.unit))?);
     } else {
         print_table(&result, config.unit);
     }
@@ -208,7 +209,7 @@ fn json(p: &Profile, unit: Unit) -> serde_json::Value {
 }
 
 fn print_table(p: &Profile, unit: Unit) {
-    println!(
+    outln!(
         "method {}, policy {}, {} requests, {} unique ids{}, sampling rate {}",
         method_name(p.method),
         policy_name(p.policy),
@@ -221,8 +222,8 @@ fn print_table(p: &Profile, unit: Unit) {
         Unit::Pages => "pages",
         Unit::Bytes => "bytes",
     };
-    println!("{:>14}  miss_ratio", format!("size_{unit}"));
+    outln!("{:>14}  miss_ratio", format!("size_{unit}"));
     for (s, m) in p.sizes.iter().zip(&p.miss_ratio) {
-        println!("{s:>14}  {m:.6}");
+        outln!("{s:>14}  {m:.6}");
     }
 }

@@ -90,7 +90,7 @@ fn python(s: &Setup, c: &str, code: &str) -> String {
 fn have(cmd: &str, test: &str) -> bool {
     let ok = Command::new(cmd).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
     if !ok {
-        eprintln!("SKIPPED {test}: no {cmd}");
+        skipped(&format!("{test}: no {cmd}"));
     }
     ok
 }

@@ -86,31 +86,7 @@ impl Daemon {
         } else {
             Stdio::inherit()
         };
-        // DD_TEST_BINARY runs the tests against another build (e.g. an older commit's, to see a
-        // regression test fail before its fix); by default, this build's.
-        let binary =
-            std::env::var_os("DD_TEST_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into());
-        let child = Command::new(binary)
-            .args(["serve", "--config"])
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start doubledecker serve");
-        // Wait for the ready file (written atomically once every listener is bound). This is a bound on
-        // how long to wait for start-up, not a timing assertion.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut child = child;
-        let bound: serde_json::Value = loop {
-            if let Ok(t) = std::fs::read_to_string(&ready) {
-                break serde_json::from_str(&t).expect("ready file is JSON");
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("the daemon exited before it was ready ({status}); its stderr is above");
-            }
-            assert!(Instant::now() < deadline, "daemon did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let (child, bound) = spawn_and_wait(&cfg_path, &ready, stderr);
         Daemon {
             child: Some(child),
             tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
@@ -118,6 +94,37 @@ impl Daemon {
             admin: format!("http://{}", bound["admin"].as_str().unwrap()),
             dir,
         }
+    }
+
+    /// SIGKILLs the daemon and starts it again on the same configuration and data directory (a new
+    /// instance: its TCP and admin ports may change, the Unix socket path does not).
+    pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart();
+    }
+
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again (after [`Daemon::kill`]) and waits until it is ready.
+    pub fn restart(&mut self) {
+        let ready = self.dir.path().join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        // A logged daemon's log goes on in the same file.
+        let log = self.dir.path().join("stderr.log");
+        let stderr = match std::fs::OpenOptions::new().append(true).open(&log) {
+            Ok(f) => Stdio::from(f),
+            Err(_) => Stdio::inherit(),
+        };
+        let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready, stderr);
+        self.child = Some(child);
+        self.tcp = bound["tcp"].as_str().unwrap().parse().unwrap();
+        self.admin = format!("http://{}", bound["admin"].as_str().unwrap());
     }
 
     pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
@@ -167,6 +174,40 @@ impl Daemon {
         let text = resp.into_string().unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
+}
+
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BINARY` (to see a regression test fail
+/// against an older build, e.g. one of `main` before a fix).
+pub fn dd_bin() -> std::path::PathBuf {
+    std::env::var_os("DD_TEST_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+}
+
+/// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
+/// listener is bound). The wait is a bound on start-up, not a timing assertion.
+fn spawn_and_wait(
+    cfg: &std::path::Path,
+    ready: &std::path::Path,
+    stderr: Stdio,
+) -> (Child, serde_json::Value) {
+    let mut child = Command::new(dd_bin())
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start doubledecker serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let bound = loop {
+        if let Ok(t) = std::fs::read_to_string(ready) {
+            break serde_json::from_str(&t).expect("ready file is JSON");
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the daemon exited before it was ready ({status}); its stderr is above");
+        }
+        assert!(Instant::now() < deadline, "daemon did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (child, bound)
 }
 
 impl Drop for Daemon {

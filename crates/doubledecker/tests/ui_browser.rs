@@ -1,0 +1,208 @@
+//! `/ui/` in a real browser: headless Chromium (Debian's `chromium`, installed by .ci/run) opens the
+//! page of a real daemon while two VMs put pages into two containers each, waits until the page shows
+//! data, and checks from its DOM that both VMs' containers appear with non-zero use; with one VM's admin
+//! token only that VM appears; with the daemon gone the page says it is unreachable. A screenshot goes
+//! to `docs/ui.png`.
+//!
+//! Chromium runs in a memory cgroup of its own (2 GiB) when the test may create one, so that it cannot
+//! take the shared machine's memory.
+
+mod common;
+
+use common::{page, vm, Daemon, HOST_TOKEN};
+use dd_engine::{Key, PoolOptions, Spec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn chromium() -> String {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {c}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return c.to_string();
+        }
+    }
+    panic!("no chromium on PATH (Debian package `chromium`; .ci/run installs it)");
+}
+
+/// A memory cgroup for the browser under this process's own (v1 or v2), if one can be made.
+struct BrowserCgroup(Option<PathBuf>);
+
+impl BrowserCgroup {
+    fn new() -> BrowserCgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let name = format!("dd-ui-test-{}", std::process::id());
+        for l in own.lines() {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+            let (dir, limit_file) = match ctrl {
+                "memory" => (
+                    Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/')),
+                    "memory.limit_in_bytes",
+                ),
+                "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
+                    (Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')), "memory.max")
+                }
+                _ => continue,
+            };
+            let cg = dir.join(&name);
+            if std::fs::create_dir(&cg).is_ok() {
+                if std::fs::write(cg.join(limit_file), (2u64 << 30).to_string()).is_ok() {
+                    return BrowserCgroup(Some(cg));
+                }
+                let _ = std::fs::remove_dir(&cg);
+            }
+        }
+        BrowserCgroup(None)
+    }
+
+    /// Runs chromium with `args` (inside the cgroup when there is one); returns its standard output.
+    fn run(&self, args: &[String]) -> String {
+        let mut script = String::new();
+        if let Some(cg) = &self.0 {
+            script.push_str(&format!("echo $$ > '{}/cgroup.procs' && ", cg.display()));
+        }
+        script.push_str("exec \"$@\"");
+        let profile = tempfile::tempdir().unwrap();
+        let out = Command::new("timeout")
+            .args(["120", "sh", "-c", &script, "sh", &chromium()])
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(args)
+            .output()
+            .expect("run chromium");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for BrowserCgroup {
+    fn drop(&mut self) {
+        if let Some(cg) = &self.0 {
+            // The browser has exited; an empty cgroup can be removed.
+            for _ in 0..50 {
+                if std::fs::remove_dir(cg).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// The page's DOM after it has polled for a few (virtual) seconds.
+fn dom(b: &BrowserCgroup, url: &str) -> String {
+    b.run(&["--virtual-time-budget=6000".to_string(), "--dump-dom".to_string(), url.to_string()])
+}
+
+/// `(vm, pool, used)` of every container row of the page.
+fn containers(dom: &str) -> Vec<(u32, u32, u64)> {
+    let attr = |s: &str, name: &str| -> Option<u64> {
+        let i = s.find(&format!("{name}=\""))? + name.len() + 2;
+        s[i..].split('"').next()?.parse().ok()
+    };
+    dom.split("<tr ")
+        .skip(1)
+        .filter(|s| s.contains("class=\"container\""))
+        .filter_map(|s| {
+            let head = s.split('>').next()?;
+            Some((attr(head, "data-vm")? as u32, attr(head, "data-pool")? as u32, attr(head, "data-used")?))
+        })
+        .collect()
+}
+
+#[test]
+fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
+    let (v1, v2) = (vm(1), vm(2));
+    let mut d = Daemon::start(&[&v1, &v2], "");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for v in [&v1, &v2] {
+        let mut c = d.tcp_client(v);
+        let stop = stop.clone();
+        load.push(std::thread::spawn(move || {
+            let pools = [
+                c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 60 })).unwrap(),
+                c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 40 })).unwrap(),
+            ];
+            let mut i = 0u64;
+            let mut buf = vec![0u8; 4096];
+            while !stop.load(Ordering::Relaxed) {
+                for (n, &p) in pools.iter().enumerate() {
+                    let key = Key::new(n as u64 + 1, i % 512);
+                    c.put(p, key, &page(7, n as u64, i % 512)).unwrap();
+                    if i.is_multiple_of(3) {
+                        let _ = c.get(p, Key::new(n as u64 + 1, (i / 3) % 512), &mut buf).unwrap();
+                    }
+                }
+                i += 1;
+                if i.is_multiple_of(256) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }));
+    }
+    let b = BrowserCgroup::new();
+    let host_url = format!("{}/ui/#token={HOST_TOKEN}", d.admin);
+
+    // Host token: both VMs, two containers each, all with pages in them.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let host_dom = loop {
+        let page = dom(&b, &host_url);
+        let cs = containers(&page);
+        let seen = |vm: u32| cs.iter().filter(|c| c.0 == vm && c.2 > 0).count();
+        if seen(1) == 2 && seen(2) == 2 && page.contains("data-state=\"live\"") {
+            break page;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never showed both VMs' containers in use: {cs:?}\n{page}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(host_dom.contains("data-scope=\"host\""), "{host_dom}");
+
+    // A VM's admin token: that VM only.
+    let vm_dom = dom(&b, &format!("{}/ui/#token={}", d.admin, v2.admin_token));
+    let cs = containers(&vm_dom);
+    assert!(cs.len() == 2 && cs.iter().all(|c| c.0 == 2 && c.2 > 0), "VM 2's token showed {cs:?}\n{vm_dom}");
+    assert!(!vm_dom.contains("data-vm=\"1\""), "VM 2's token shows VM 1:\n{vm_dom}");
+
+    // The screenshot for docs/.
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui.png");
+    b.run(&[
+        "--window-size=1280,900".into(),
+        "--virtual-time-budget=8000".into(),
+        format!("--screenshot={}", shot.display()),
+        host_url.clone(),
+    ]);
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "no screenshot at {}", shot.display());
+
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.join().unwrap();
+    }
+    // The daemon gone: the page says so.
+    assert!(d.stop());
+    let gone = dom(&b, &host_url);
+    assert!(gone.contains("data-state=\"unreachable\"") || gone.is_empty(), "{gone}");
+}
+
+#[test]
+fn ui_assets_are_embedded_and_fetch_nothing_from_outside() {
+    let d = Daemon::start(&[], "");
+    for (path, kind) in
+        [("/ui/", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css")]
+    {
+        let r = ureq::get(&format!("{}{path}", d.admin)).call().unwrap();
+        assert!(r.header("content-type").unwrap_or("").starts_with(kind), "{path}");
+        let csp = r.header("content-security-policy").unwrap_or("").to_string();
+        assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"), "{path}: {csp}");
+        let body = r.into_string().unwrap();
+        assert!(!body.contains("http://") && !body.contains("https://"), "{path} names an outside address");
+    }
+}
