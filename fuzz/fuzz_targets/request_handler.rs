@@ -5,6 +5,11 @@
 //! limit (`limits.max_payload_bytes`), and an unauthenticated connection gets only short error frames
 //! or a HELLO answer; the engine's invariants hold afterwards and VM 2 is never touched.
 //! `dd_server::net::tests::drive_random_inputs_*` runs the same checks on seeded inputs.
+//!
+//! The frame limit is small (12 KiB: a batch of 2 pages) so that the fuzzer can reach responses that
+//! would exceed it (VM_STATS of a VM with a few dozen pools, LIST_POOLS, GET_BATCH); with the 2 MiB
+//! default no input of a 1 MiB store could. The state is shared between inputs (cheap; pools pile up
+//! to VM 1's quota, which drives VM_STATS into its truncation path).
 #![no_main]
 
 use dd_server::handler::Session;
@@ -19,7 +24,8 @@ fn state() -> &'static ServerState {
     S.get_or_init(|| {
         let cfg = ServerConfig::from_toml(&format!(
             "ssd_enabled = false\n[auth]\nhost_admin_token = \"fuzz-host-token-0001\"\n\
-             [engine]\nmaintenance = \"inline\"\n[engine.mem]\ncapacity_bytes = 1048576\n\
+             [limits]\nmax_payload_bytes = 12288\n\
+             [engine]\nmaintenance = \"inline\"\nmax_batch_pages = 2\n[engine.mem]\ncapacity_bytes = 1048576\n\
              [[vms]]\nid = 1\ndata_token = \"{TOKEN}\"\nadmin_token = \"fuzz-admin-token-001\"\n\
              [[vms]]\nid = 2\ndata_token = \"fuzz-data-token-0002\"\nadmin_token = \"fuzz-admin-token-002\"\n"
         ))
@@ -41,7 +47,9 @@ fuzz_target!(|data: &[u8]| {
         dd_proto::Request::Hello { min_version: 1, max_version: 1, vm: 1, token: t.as_bytes() }
             .encode(1, 0, &mut input);
     }
-    input.extend_from_slice(data);
+    // The selector byte is not part of the connection's bytes (it was, and the stream after a valid
+    // HELLO then always began with a bad magic: no authenticated request was ever reached).
+    input.extend_from_slice(data.get(1..).unwrap_or_default());
     let (out, _) = dd_server::net::drive(st, &mut sess, &input);
     dd_server::net::check_responses(st, &out, sess.registration().is_some()).unwrap();
     // Another VM's view is never touched by VM 1's traffic.
