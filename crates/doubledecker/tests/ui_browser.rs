@@ -1,7 +1,8 @@
 //! `/ui/` in a real browser: headless Chromium (Debian's `chromium`, installed by .ci/run) opens the
 //! page of a real daemon while two VMs put pages into two containers each, waits until the page shows
 //! data, and checks from its DOM that both VMs' containers appear with non-zero use; with one VM's admin
-//! token only that VM appears; with the daemon gone the page says it is unreachable. A screenshot goes
+//! token only that VM appears; with the daemon gone while the page is open (a proxy that starts dropping
+//! the API's requests) the page says it is unreachable. A screenshot goes
 //! to `docs/ui.png`.
 //!
 //! Chromium runs in a memory cgroup of its own (2 GiB) when the test may create one, so that it cannot
@@ -186,10 +187,74 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
     for t in load {
         t.join().unwrap();
     }
-    // The daemon gone: the page says so.
+    // The daemon gone while the page is open: the page, loaded through a proxy that passes its assets
+    // and its first poll and then drops every API request as a dead daemon would, says so (and still
+    // shows what it had).
+    let proxy = CuttingProxy::start(&d.admin, 1);
+    let gone = dom(&b, &format!("{}/ui/#token={HOST_TOKEN}", proxy.url));
+    assert!(proxy.cut_requests() > 0, "the page did not poll again after its first poll");
+    assert!(
+        gone.contains("data-state=\"unreachable\"") && gone.contains("daemon unreachable"),
+        "the page does not say the daemon is unreachable:\n{gone}"
+    );
+    assert!(containers(&gone).len() == 4, "the page dropped what it had shown:\n{gone}");
     assert!(d.stop());
-    let gone = dom(&b, &host_url);
-    assert!(gone.contains("data-state=\"unreachable\"") || gone.is_empty(), "{gone}");
+}
+
+/// An HTTP proxy in front of the daemon's admin API that forwards the page's assets and its first
+/// `passed` API requests, then closes every API request's connection without an answer (what a browser
+/// sees when the daemon is gone). One request per connection (it forwards with `Connection: close`).
+struct CuttingProxy {
+    url: String,
+    cut: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CuttingProxy {
+    fn start(admin: &str, passed: usize) -> CuttingProxy {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::AtomicUsize;
+        let upstream = admin.trim_start_matches("http://").to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (api, cut) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let cut2 = cut.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut client) = conn else { break };
+                let (upstream, api, cut) = (upstream.clone(), api.clone(), cut2.clone());
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match client.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let path = text.split_whitespace().nth(1).unwrap_or("").to_string();
+                    if path.starts_with("/v1/") && api.fetch_add(1, Ordering::SeqCst) >= passed {
+                        cut.fetch_add(1, Ordering::SeqCst);
+                        return; // dropped: the connection closes with no answer
+                    }
+                    let mut lines: Vec<&str> = text
+                        .split("\r\n")
+                        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+                        .collect();
+                    lines.push("Connection: close");
+                    let Ok(mut up) = TcpStream::connect(&upstream) else { return };
+                    let _ = up.write_all(format!("{}\r\n\r\n", lines.join("\r\n")).as_bytes());
+                    let _ = std::io::copy(&mut up, &mut client);
+                });
+            }
+        });
+        CuttingProxy { url, cut }
+    }
+
+    fn cut_requests(&self) -> usize {
+        self.cut.load(Ordering::SeqCst)
+    }
 }
 
 #[test]

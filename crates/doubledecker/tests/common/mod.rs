@@ -10,6 +10,17 @@ use std::time::{Duration, Instant};
 
 pub const HOST_TOKEN: &str = "host-admin-token-for-tests-0001";
 
+/// The environment variables the commands read an admin URL or a token from (the older names too): a
+/// test that runs commands as a user would removes them, so that the runner's own do not leak in.
+pub const CLI_ENV_VARS: &[&str] = &[
+    "DD_ADMIN_URL",
+    "DD_HOST_TOKEN",
+    "DD_ADMIN_TOKEN",
+    "DD_VM_ADMIN_TOKEN",
+    "DD_VM_TOKEN",
+    "DD_VM_DATA_TOKEN",
+];
+
 #[derive(Clone)]
 pub struct TestVm {
     pub id: u32,
