@@ -98,7 +98,7 @@ impl Attack {
     /// Runs until `stop`.
     pub fn run(self, t: &Target, stop: &AtomicBool, tally: &Tally) {
         match self {
-            Attack::SlowConnections => hold(stop, tally, super::MAX_CONNECTIONS * 2, || {
+            Attack::SlowConnections => hold(stop, tally, super::MAX_CONNECTIONS, || {
                 let mut s = connect(t.tcp)?;
                 s.write_all(b"D").ok()?;
                 Some(s)
@@ -107,7 +107,7 @@ impl Attack {
             Attack::UnreadStats => unread_stats(t, stop, tally),
             Attack::PoolExhaustion => pools(t, stop, tally),
             Attack::Reregistration => reregistration(t, stop, tally),
-            Attack::PeerIdle => hold(stop, tally, super::COOP_MAX_CONNECTIONS * 2, || connect(t.coop)),
+            Attack::PeerIdle => hold(stop, tally, super::COOP_MAX_CONNECTIONS, || connect(t.coop)),
         }
     }
 }
@@ -141,7 +141,8 @@ fn closed(s: &mut TcpStream) -> bool {
     }
 }
 
-/// Keeps up to `n` connections from `open` alive, replacing those the daemon closes.
+/// Keeps up to `n` connections from `open` alive, replacing those the daemon closes. `n` is the
+/// listener's limit: every slot taken; more would only displace the attacker's own connections.
 fn hold(stop: &AtomicBool, tally: &Tally, n: usize, mut open: impl FnMut() -> Option<TcpStream>) {
     let mut conns: Vec<TcpStream> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
