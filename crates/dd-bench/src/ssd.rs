@@ -179,6 +179,7 @@ fn run_in(
         direct_io: if opts.direct { DirectIo::On } else { DirectIo::Off },
         io_backend: IoBackend::Auto,
         write_queue_pages: 1024,
+        faults: None,
     })?;
     let uring = store.uring_active();
 

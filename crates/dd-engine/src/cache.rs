@@ -40,6 +40,7 @@
 
 use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
+use crate::policy::effective::{self, Effective, VmUse};
 use crate::policy::{select_victim, EntityUsage};
 use crate::pool::{
     Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, VmShare, MAX_WEIGHT,
@@ -212,6 +213,15 @@ impl Cache {
     /// Builds a cache from a validated configuration. Opens (and empties) the SSD store if configured and
     /// starts the background worker unless maintenance is inline.
     pub fn new(cfg: EngineConfig) -> Result<Cache, CacheError> {
+        Cache::with_ssd_faults(cfg, None)
+    }
+
+    /// [`Cache::new`] with an SSD store whose I/O fails as `faults` says (tests and fuzzing only:
+    /// `store::ssd::faults`). Without an SSD store in `cfg`, `faults` is unused.
+    pub fn with_ssd_faults(
+        cfg: EngineConfig,
+        faults: Option<Arc<crate::store::ssd::faults::FaultInjector>>,
+    ) -> Result<Cache, CacheError> {
         cfg.validate()?;
         let ps = cfg.page_size_bytes;
         let mem_cap = cfg.pages(cfg.mem.capacity_bytes);
@@ -234,6 +244,7 @@ impl Cache {
                     direct_io: s.direct_io,
                     io_backend: s.io_backend,
                     write_queue_pages: s.write_queue_pages,
+                    faults,
                 })?;
                 (Some(store), slots)
             }
@@ -698,26 +709,29 @@ impl Cache {
 
     pub fn pool_stats(&self, vm: VmId, pool: PoolId) -> Result<PoolStats, CacheError> {
         let p = self.shared.pool(vm, pool)?;
-        Ok(self.shared.pool_stats(&p))
+        let eff = self.shared.effective(&self.shared.tree.read());
+        Ok(self.shared.pool_stats(&p, &eff))
     }
 
     /// GET_STATS for a VM: its pools and totals (including destroyed pools).
     pub fn vm_stats(&self, vm: VmId) -> Result<VmStats, CacheError> {
         let tree = self.shared.tree.read();
         let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
-        Ok(self.shared.vm_stats(vm, node))
+        Ok(self.shared.vm_stats(vm, node, &self.shared.effective(&tree)))
     }
 
     pub fn host_stats(&self) -> HostStats {
         let tree = self.shared.tree.read();
         let settings = self.shared.settings.read().clone();
-        let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n)).collect();
+        let eff = self.shared.effective(&tree);
+        let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n, &eff)).collect();
         let mut totals = tree.retired;
         for v in &vms {
             totals.add(&v.totals);
         }
         for s in StoreKind::ALL {
             totals.store_mut(s).entitlement = self.capacity_pages(s);
+            totals.store_mut(s).effective_entitlement = self.capacity_pages(s);
         }
         HostStats {
             page_size: self.shared.page_size,
@@ -1220,7 +1234,8 @@ impl Shared {
             StoreKind::Mem => self.store_in_memory(p, data),
             StoreKind::Ssd => {
                 let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
-                if !self.reserve(tier, p) {
+                // A failing disk (its last write failed) takes no new pages but probes: refused, not lost.
+                if !ssd.accepting() || !self.reserve(tier, p) {
                     None
                 } else if let Some(slot) = ssd.alloc() {
                     ssd.write(slot, data);
@@ -1645,6 +1660,7 @@ impl Shared {
         c.exclusive_gets -= 1;
         c.evictions += 1;
         g.counters.gets_missed += 1;
+        g.counters.pages_lost += 1;
         p.publish(&g);
     }
 
@@ -1682,6 +1698,7 @@ impl Shared {
                     // The entry is intact but its slot cannot be read: drop it.
                     let e = g.remove(id, Departure::Evict);
                     g.counters.gets_missed += 1;
+                    g.counters.pages_lost += 1;
                     p.publish(&g);
                     drop(g);
                     self.free_locs(&[e.loc]);
@@ -1852,7 +1869,7 @@ impl Shared {
             // 2. Write them to fresh SSD slots outside the lock.
             let mut staged = Vec::with_capacity(picked.len());
             for (i, (key, version)) in picked.iter().enumerate() {
-                if !self.reserve(StoreKind::Ssd, p) {
+                if !ssd.accepting() || !self.reserve(StoreKind::Ssd, p) {
                     break;
                 }
                 let Some(slot) = ssd.alloc() else {
@@ -1967,10 +1984,39 @@ impl Shared {
     // Statistics
     // --------------------------------------------------------------------------------------------
 
-    fn pool_stats(&self, p: &Pool) -> PoolStats {
+    /// Effective entitlements of every VM and pool, per store (`policy::effective`), from the tree's
+    /// use and static entitlements now. Called with the tree locked (read); O(pools).
+    fn effective(&self, tree: &Tree) -> [Effective; 2] {
+        let batch = self.settings.read().batch_pages;
+        StoreKind::ALL.map(|s| {
+            let vms: Vec<VmUse> = tree
+                .vms
+                .iter()
+                .map(|(id, n)| VmUse {
+                    vm: *id,
+                    weight: n.weights.get(s) as u64,
+                    entitlement: n.entitlement[s.idx()],
+                    pools: n
+                        .pools
+                        .iter()
+                        .map(|(pid, p)| {
+                            let spec = p.spec.load();
+                            let w = if spec.uses(s) { spec.weight(s) as u64 } else { 0 };
+                            (*pid, w, p.used(s))
+                        })
+                        .collect(),
+                })
+                .collect();
+            effective::compute(&vms, batch)
+        })
+    }
+
+    fn pool_stats(&self, p: &Pool, eff: &[Effective; 2]) -> PoolStats {
         let mut counters = p.inner.lock().counters;
         for s in StoreKind::ALL {
             counters.store_mut(s).entitlement = p.entitlement(s);
+            counters.store_mut(s).effective_entitlement =
+                eff[s.idx()].pool.get(&(p.vm, p.id)).copied().unwrap_or(0);
         }
         PoolStats {
             pool: p.id,
@@ -1983,14 +2029,15 @@ impl Shared {
         }
     }
 
-    fn vm_stats(&self, vm: VmId, node: &VmNode) -> VmStats {
-        let pools: Vec<PoolStats> = node.pools.values().map(|p| self.pool_stats(p)).collect();
+    fn vm_stats(&self, vm: VmId, node: &VmNode, eff: &[Effective; 2]) -> VmStats {
+        let pools: Vec<PoolStats> = node.pools.values().map(|p| self.pool_stats(p, eff)).collect();
         let mut totals = node.retired;
         for p in &pools {
             totals.add(&p.counters);
         }
         for s in StoreKind::ALL {
             totals.store_mut(s).entitlement = node.entitlement[s.idx()];
+            totals.store_mut(s).effective_entitlement = eff[s.idx()].vm.get(&vm).copied().unwrap_or(0);
         }
         VmStats { vm, weights: node.weights, pools, totals, pools_omitted: 0 }
     }

@@ -4,41 +4,40 @@
 //! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
-//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling), [`budget`] (each
-//! variant's peak-memory estimate, the jobs that fit, the scratch file's place, or a refusal), [`guest`] (page cache,
-//! memcgs, LRU lists, reclaim), [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F
-//! request generators), [`kvstore`] (Redis-like and MongoDB-like stores), [`memctl`] (the VM memory
-//! controller of thesis 000 chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory
-//! plots), [`backend`] (the second-chance cache interface and the in-process engine), [`remote`] (a
-//! running daemon as the cache), [`sim`] (event queue, clock, I/O path,
-//! timeline, sampling), [`report`] (checks, `summary.json`, `timeseries.csv`), [`plot`] (PNGs,
-//! `report.html`, index page), [`bundled`] (the scenarios shipped with the binary).
+//! Layers, each a folder, each importing only the ones above it in this list (`scripts/module-cycles`
+//! checks that no two modules import each other):
+//! * [`scenario`]: plain data and validation (the TOML format, defaults, `validate()`, scaling; the
+//!   workloads' and checks' settings, `scenario::memctl`, `scenario::provision`; [`bundled`]).
+//! * [`model`]: the guest kernel (page cache, memcgs, LRU lists, reclaim; `guest::memctl`, the VM memory
+//!   controller of thesis 000 chapter 4), the workloads (Filebench personalities, traces), the key-value
+//!   stores and YCSB.
+//! * [`sim`]: the event loop (event queue, clock, timeline, sampling), the operations of workload threads
+//!   and the I/O path, the calls into the second-chance cache (`sim::backend`: the in-process engine;
+//!   `sim::remote`: a running daemon), online curves (`sim::streams`), the VM-level provisioner's
+//!   decisions, effective entitlements and the memory budget of a run (`sim::budget`).
+//! * [`results`]: checks (`results::checks`), `summary.json` and `timeseries.csv` (`results::report`),
+//!   PNGs and HTML (`results::plot`).
+//!
+//! This file runs a scenario: [`prepare`] (validate, scale, plan memory) and [`run_prepared`] (variants
+//! on threads, then checks).
 //!
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
 //! wall clock or on hash-map iteration order.
 
-pub mod backend;
-pub mod budget;
-pub mod bundled;
-pub mod effective;
 pub mod error;
-pub mod guest;
-pub mod kvstore;
-pub mod memctl;
-pub mod plot;
-pub mod remote;
-pub mod report;
+pub mod model;
+pub mod results;
 pub mod scenario;
 pub mod sim;
-pub mod workload;
-pub mod ycsb;
 
 pub use error::LabError;
-pub use report::{CheckResult, ScenarioResult};
-pub use scenario::Scenario;
+pub use results::{CheckResult, ScenarioResult};
+pub use scenario::{bundled, Scenario};
 
 use backend::{BackendConfig, EngineBackend, Stamped};
+use results::checks;
+use sim::{backend, budget, remote};
 use std::path::PathBuf;
 
 /// How to run a scenario.
@@ -86,7 +85,7 @@ pub fn prepare(sc: &Scenario, opts: &RunOptions) -> Result<Prepared, LabError> {
     sc.validate()?;
     let scale = sc.scale;
     let scaled = sc.scaled();
-    let variants = scaled.variant_list();
+    let variants = scaled.run_list();
     let in_process = opts.daemon.is_none();
     let want = match opts.daemon {
         Some(_) => 1,
@@ -154,7 +153,8 @@ pub fn run_prepared(
         };
         std::fs::read_to_string(&path).map_err(|e| LabError::io(&path, e))
     };
-    let variants = scaled.variant_list();
+    // Searching variants run as their candidates, collapsed back to one run each afterwards.
+    let variants = scaled.run_list();
     let scratch = prepared.plan.scratch_dir.as_path();
     let run_variant = |v: &scenario::Variant, p: &mut dyn FnMut(f64)| -> Result<sim::RunResult, LabError> {
         let s = sim::apply_variant(scaled, v);
@@ -177,8 +177,9 @@ pub fn run_prepared(
     } else {
         run_parallel(&variants, jobs, &run_variant, progress)?
     };
-    let checks = report::evaluate(scaled, &runs);
-    Ok(ScenarioResult { scenario: scaled.clone(), scale: prepared.scale, runs, checks })
+    let (runs, searches) = checks::provision::collapse(scaled, &variants, runs);
+    let checks = checks::evaluate(scaled, &runs);
+    Ok(ScenarioResult { scenario: scaled.clone(), scale: prepared.scale, runs, checks, searches })
 }
 
 /// Runs one variant, reporting the fraction of it done.

@@ -1,8 +1,9 @@
 //! End-to-end tests of the lab: exact LRU against an independent reference (acceptance 3) and
 //! determinism (acceptance 4).
 
-use dd_lab::budget::HostMemory;
-use dd_lab::{bundled, report, run_scenario, LabError, RunOptions, Scenario};
+use dd_lab::results::report;
+use dd_lab::sim::budget::HostMemory;
+use dd_lab::{bundled, run_scenario, LabError, RunOptions, Scenario};
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
 
@@ -139,7 +140,7 @@ fn variants_side_by_side_are_cut_to_what_fits() {
     assert_eq!(roomy.plan.jobs, 4);
     // Room for the process and one variant (plus a little), above the 20% margin.
     let one = roomy.plan.estimates.iter().map(|e| e.total()).max().unwrap();
-    let need = dd_lab::budget::PROCESS_BASE_BYTES + one + (one / 2);
+    let need = dd_lab::sim::budget::PROCESS_BASE_BYTES + one + (one / 2);
     let total = 10 * need;
     let tight = HostMemory { total_bytes: total, available_bytes: need + total / 5 };
     let p = dd_lab::prepare(&sc, &RunOptions { host_memory: Some(tight), ..opts }).unwrap();
@@ -207,7 +208,7 @@ fn set_vm_weights_may_change_one_weight() {
 /// scenario whose specs use the store, or whose timeline resizes it, keeps it.
 #[test]
 fn a_store_no_spec_uses_is_left_out_and_changes_no_output() {
-    use dd_lab::backend::EngineBackend;
+    use dd_lab::sim::backend::EngineBackend;
     let mem_only = SSD_SCENARIO.replace(
         r#"cache = { type = "hybrid", mem_weight = 100, ssd_weight = 100 }"#,
         r#"cache = { type = "mem", weight = 100 }"#,
@@ -216,9 +217,9 @@ fn a_store_no_spec_uses_is_left_out_and_changes_no_output() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dd_lab::backend_config(&sc, dir.path());
     assert_eq!(cfg.ssd_pages, 0, "an SSD store nothing uses");
-    let with_store = dd_lab::backend::BackendConfig { ssd_pages: 32 * 2048, ..cfg.clone() };
+    let with_store = dd_lab::sim::backend::BackendConfig { ssd_pages: 32 * 2048, ..cfg.clone() };
     let v = sc.variant_list().remove(0);
-    let run = |cfg: &dd_lab::backend::BackendConfig| {
+    let run = |cfg: &dd_lab::sim::backend::BackendConfig| {
         let s = dd_lab::sim::apply_variant(&sc, &v);
         let r = dd_lab::sim::Sim::new(&s, &v, EngineBackend::new(cfg).unwrap(), &|_: &str| Ok(String::new()))
             .unwrap()

@@ -1,11 +1,11 @@
-//! The per-page constants of the lab's memory estimate (`dd_lab::budget`) against the resident memory
+//! The per-page constants of the lab's memory estimate (`dd_lab::sim::budget`) against the resident memory
 //! of a real engine and a real guest model filled to capacity in the worst case the estimate assumes
 //! (one page per object), with churn. One test in its own process, so no other test's allocations
 //! move the resident-set figures.
 
 use dd_engine::{Cache, Key, Mode, PoolOptions, Spec, VmId, VmWeights};
-use dd_lab::backend::{engine_config, BackendConfig, ENGINE_PAGE};
-use dd_lab::budget::{ENGINE_INDEX_BYTES_PER_PAGE, GUEST_BYTES_PER_PAGE};
+use dd_lab::sim::backend::{engine_config, BackendConfig, ENGINE_PAGE};
+use dd_lab::sim::budget::{ENGINE_INDEX_BYTES_PER_PAGE, GUEST_BYTES_PER_PAGE};
 
 fn status_kib(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -28,11 +28,11 @@ fn the_estimates_per_page_constants_bound_a_full_engine_and_guest() {
     const N: u64 = 1 << 18;
 
     let base = reset_peak();
-    let mut g = dd_lab::guest::Guest::new(N, dd_lab::scenario::LruMode::TwoList, 32);
+    let mut g = dd_lab::model::guest::Guest::new(N, dd_lab::scenario::LruMode::TwoList, 32);
     let cg = g.add_memcg(N, u64::MAX);
     // Twice the guest's memory, so reclaim runs and the lists churn at capacity.
     for i in 0..2 * N {
-        g.insert(cg, dd_lab::guest::key(i as u32, 0), false, false, &mut |_| {});
+        g.insert(cg, dd_lab::model::guest::key(i as u32, 0), false, false, &mut |_| {});
     }
     let guest = peak_since(base);
     drop(g);

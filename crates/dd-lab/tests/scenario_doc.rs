@@ -80,6 +80,13 @@ fn probes() -> Vec<(&'static str, String)> {
         ("[[variants]]", format!("{BASE}[[variants]]\nname = \"v\"\n{p} = 1\n")),
         ("variants.containers", format!("{BASE}[[variants]]\nname = \"v\"\ncontainers = {{ c = {{ {p} = 1 }} }}\n")),
         ("variants.memctl", format!("{BASE}[[variants]]\nname = \"v\"\nmemctl = {{ vm = {{ {p} = 1 }} }}\n")),
+        ("vms.provision", with(&[(VM, &format!("{VM}\nprovision = {{ {p} = 1 }}"))])),
+        ("provision.decision", with(&[(VM, &format!("{VM}\nprovision = {{ decision = {{ {p} = 1 }} }}"))])),
+        ("decision objective", with(&[(VM, &format!("{VM}\nprovision = {{ decision = {{ objective = \"{p}\" }} }}"))])),
+        ("target kind", with(&[(CT, &format!("{CT}\ntarget = {{ kind = \"{p}\" }}"))])),
+        ("variants.search", format!("{BASE}[[variants]]\nname = \"v\"\nsearch = {{ {p} = 1 }}\n")),
+        ("search pick", format!("{BASE}[[variants]]\nname = \"v\"\nsearch = {{ pick = \"{p}\" }}\n")),
+        ("targets expect", format!("{BASE}[[checks]]\nname = \"k\"\nkind = \"targets\"\nexpect = \"{p}\"\n")),
         ("check kind", format!("{BASE}[[checks]]\nname = \"k\"\nkind = \"{p}\"\n")),
         ("measure", format!("{BASE}[[checks]]\nname = \"k\"\nkind = \"value\"\nmin = 0\nlhs = {{ entity = \"c\", metric = \"throughput\", {p} = 1 }}\n")),
         ("metric", format!("{BASE}[[checks]]\nname = \"k\"\nkind = \"value\"\nmin = 0\nlhs = {{ entity = \"c\", metric = \"{p}\" }}\n")),
@@ -90,18 +97,37 @@ fn probes() -> Vec<(&'static str, String)> {
     for spec in ["mem", "ssd", "hybrid"] {
         v.push(("spec fields", with(&[(CT, &format!("{CT}\ncache = {{ type = \"{spec}\", {p} = 1 }}"))])));
     }
+    for (kind, fields) in
+        [("throughput", "ops_s = 1"), ("mean_latency", "ms = 1"), ("hit_ratio", "ratio = 0.5")]
+    {
+        v.push((
+            "target fields",
+            with(&[(CT, &format!("{CT}\ntarget = {{ kind = \"{kind}\", {fields}, {p} = 1 }}"))]),
+        ));
+    }
     for kind in ["webserver", "webproxy", "varmail", "videoserver", "kv", "ycsb", "trace"] {
         v.push(("workload fields", with(&[(CT, &format!("workload = {{ kind = \"{kind}\", {p} = 1 }}"))])));
     }
-    for action in ["start", "stop", "set_cache", "set_vm_weights", "set_capacity", "set_mode", "balloon"] {
+    for action in
+        ["start", "stop", "set_cache", "set_vm_weights", "set_capacity", "set_mode", "balloon", "working_set"]
+    {
         v.push((
             "timeline fields",
             format!("{BASE}[[timeline]]\nat_s = 1\naction = \"{action}\"\n{p} = 1\n"),
         ));
     }
-    for kind in
-        ["ratio", "value", "spread", "entitlement", "mem_ratio", "exceed_gap", "reclaim_mode", "protected"]
-    {
+    for kind in [
+        "ratio",
+        "value",
+        "spread",
+        "entitlement",
+        "mem_ratio",
+        "exceed_gap",
+        "reclaim_mode",
+        "protected",
+        "targets",
+        "violation",
+    ] {
         v.push(("check fields", format!("{BASE}[[checks]]\nname = \"k\"\nkind = \"{kind}\"\n{p} = 1\n")));
     }
     v
@@ -169,6 +195,7 @@ fn parsed_place(place: &str) -> Value {
     const CT: &str = "workload = { kind = \"webserver\" }";
     let text = match place {
         "memctl" => with(&[("memory_mib = 16", "memory_mib = 16\nmemctl = {}")]),
+        "provision" | "provision_decision" => with(&[("memory_mib = 16", "memory_mib = 16\nprovision = {}")]),
         "memctl_container" => {
             with(&[("memory_mib = 16", "memory_mib = 16\nmemctl = { containers = { c = {} } }")])
         }
@@ -192,6 +219,8 @@ fn parsed_place(place: &str) -> Value {
         "vm" => v["vms"][0].clone(),
         "memctl" => v["vms"][0]["memctl"].clone(),
         "memctl_container" => v["vms"][0]["memctl"]["containers"]["c"].clone(),
+        "provision" => v["vms"][0]["provision"].clone(),
+        "provision_decision" => v["vms"][0]["provision"]["decision"].clone(),
         "container" => ct.clone(),
         "webserver" | "webproxy" | "varmail" | "videoserver" | "kv" | "ycsb" | "trace" => {
             ct["workload"].clone()

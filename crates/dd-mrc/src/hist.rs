@@ -54,6 +54,13 @@ impl Histogram {
         self.counts[i] += weight;
     }
 
+    /// Multiplies every count by `factor` (ageing: see `Shards::decay`).
+    pub fn scale(&mut self, factor: f64) {
+        for c in &mut self.counts {
+            *c *= factor;
+        }
+    }
+
     /// Adds weight 1 at each of `distances`, grouped by 4,096-distance chunk first (a counting sort
     /// into `scratch`), so that a histogram far larger than the caches is updated one cache-resident
     /// chunk at a time instead of with a cache miss per distance.

@@ -40,6 +40,10 @@ struct StackMrc {
     weight: f64,
     /// Distinct keys seen by an exact model.
     unique: u64,
+    /// `N` as of the last [`StackMrc::decay`] (aged), and `requests` then: the curve's `N` is
+    /// `aged + (requests - requests_at_decay)`, so feeding a reference stays one integer increment.
+    aged: f64,
+    requests_at_decay: u64,
     /// Exact page distances not yet in `hist` (added in batches; see `Histogram::add_batch`).
     pending: Vec<u32>,
     scratch: Vec<u32>,
@@ -63,9 +67,31 @@ impl StackMrc {
             sampled_requests: 0,
             weight: 0.0,
             unique: 0,
+            aged: 0.0,
+            requests_at_decay: 0,
             pending: Vec::new(),
             scratch: Vec::new(),
         }
+    }
+
+    /// The references the curve divides by (`N`), aged by every decay so far.
+    fn n(&self) -> f64 {
+        self.aged + (self.requests - self.requests_at_decay) as f64
+    }
+
+    /// Ages what was seen so far: every count behind the curve (the histogram, `W`, `N`) is multiplied
+    /// by `factor`, while the stack keeps every key's last access, so later distances stay exact.
+    fn decay(&mut self, factor: f64) {
+        let f = factor.clamp(0.0, 1.0);
+        // Buffered exact distances count as much as those already in the histogram.
+        if !self.pending.is_empty() {
+            self.hist.add_batch(&self.pending, &mut self.scratch);
+            self.pending.clear();
+        }
+        self.aged = self.n() * f;
+        self.requests_at_decay = self.requests;
+        self.weight *= f;
+        self.hist.scale(f);
     }
 
     #[inline]
@@ -144,7 +170,7 @@ impl StackMrc {
         let cum = self.hist.cumulative();
         let mut pending = self.pending.clone();
         pending.sort_unstable();
-        let n = self.requests.max(1) as f64;
+        let n = if self.n() > 0.0 { self.n() } else { 1.0 };
         Curve::from_fn(self.unit, sizes, |c| {
             let buffered = pending.partition_point(|&d| d as u64 <= c) as f64;
             (self.weight - cum.hits(c) - buffered) / n
@@ -218,6 +244,13 @@ macro_rules! stack_mrc {
 stack_mrc!(ExactLru);
 stack_mrc!(Shards);
 
+impl ExactLru {
+    /// Ages the curve: see [`Shards::decay`].
+    pub fn decay(&mut self, factor: f64) {
+        self.0.decay(factor);
+    }
+}
+
 /// SHARDS: the LRU curve from the keys whose hash falls under a threshold.
 ///
 /// * [`Shards::fixed_rate`]: a fraction `R` of the keys; memory `O(R x distinct keys)`.
@@ -263,6 +296,15 @@ impl Shards {
     pub fn skip(&mut self, n: u64) {
         self.0.requests += n;
     }
+
+    /// Ages the curve so that it follows a workload that changes: every count behind it (the distance
+    /// histogram, the sampled weight `W` and the references `N`) is multiplied by `factor` in `[0, 1]`,
+    /// while the reuse stack keeps every tracked key's last access (a key reused after the decay still
+    /// gets its true distance). Called every period `T`, a reference's weight halves every
+    /// `T x ln 2 / -ln(factor)`. `stats()` keeps counting every reference.
+    pub fn decay(&mut self, factor: f64) {
+        self.0.decay(factor);
+    }
 }
 
 #[cfg(test)]
@@ -293,6 +335,33 @@ mod tests {
         assert_eq!(c.miss_ratio_at(399.0), 1.0);
         assert!((c.miss_ratio_at(400.0) - 0.01).abs() < 1e-12);
         assert_eq!(m.stats().footprint, 400);
+    }
+
+    #[test]
+    fn decay_lets_the_curve_follow_a_new_working_set() {
+        // A loop over 100 keys, then one over 1000 others: undecayed, the curve still remembers the
+        // small loop; decayed at the switch, it soon shows the new one alone.
+        let phase = |m: &mut ExactLru, base: u64, n: u64| {
+            for i in 0..20 * n {
+                m.access(base + i % n);
+            }
+        };
+        let (mut kept, mut aged) = (ExactLru::new(Unit::Pages), ExactLru::new(Unit::Pages));
+        phase(&mut kept, 0, 100);
+        phase(&mut aged, 0, 100);
+        aged.decay(0.0);
+        phase(&mut kept, 10_000, 1000);
+        phase(&mut aged, 10_000, 1000);
+        let (k, a) = (kept.curve_at(&[200]), aged.curve_at(&[200, 1000]));
+        assert!(k.miss_ratio_at(200.0) < 0.95, "the old loop still counts: {}", k.miss_ratio_at(200.0));
+        assert_eq!(a.miss_ratio_at(200.0), 1.0, "only the new loop, which a 200-key cache misses");
+        assert!((a.miss_ratio_at(1000.0) - 0.05).abs() < 1e-9, "its first pass: 1000 of 20000");
+        // Decay by 1 changes nothing.
+        let mut same = ExactLru::new(Unit::Pages);
+        phase(&mut same, 0, 100);
+        let before = same.curve();
+        same.decay(1.0);
+        assert_eq!(same.curve(), before);
     }
 
     #[test]

@@ -67,13 +67,23 @@ pub struct ServerState {
 impl ServerState {
     /// Builds the engine, registers the configured VMs and applies the registrations file over them.
     pub fn new(cfg: &ServerConfig, host_token: &str) -> Result<ServerState, ServerError> {
+        ServerState::with_ssd_faults(cfg, host_token, None)
+    }
+
+    /// [`ServerState::new`] over an SSD store whose I/O fails as `faults` says (tests and fuzzing only;
+    /// `dd_engine::store::ssd::faults`: no configuration file can ask for it).
+    pub fn with_ssd_faults(
+        cfg: &ServerConfig,
+        host_token: &str,
+        faults: Option<Arc<dd_engine::store::ssd::faults::FaultInjector>>,
+    ) -> Result<ServerState, ServerError> {
         let file = &cfg.auth.registrations_file;
         let file = (!file.as_os_str().is_empty()).then(|| cfg.in_data_dir(file));
         let persisted = Persisted::open(file, cfg.vms.iter().map(|v| v.id).collect())?;
         let engine_cfg = cfg.engine_config();
         let default_pool_quota = engine_cfg.max_pools_per_vm;
         let has_ssd = engine_cfg.ssd.is_some();
-        let cache = Cache::new(engine_cfg).map_err(ServerError::Engine)?;
+        let cache = Cache::with_ssd_faults(engine_cfg, faults).map_err(ServerError::Engine)?;
         let metrics = Arc::new(Metrics::new());
         let l = &cfg.limits;
         let state = ServerState {

@@ -78,8 +78,8 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 vec![load(&name)?]
             };
             let daemon = match (&a.daemon, &a.admin, &a.token) {
-                (Some(d), Some(admin), Some(token)) => Some(dd_lab::remote::DaemonTarget {
-                    data: dd_lab::remote::DataAddr::parse(d)?,
+                (Some(d), Some(admin), Some(token)) => Some(dd_lab::sim::remote::DaemonTarget {
+                    data: dd_lab::sim::remote::DataAddr::parse(d)?,
                     // `AdminClient` takes `http://HOST:PORT` and `HOST:PORT` alike.
                     admin: admin.clone(),
                     host_token: token.clone(),
@@ -109,7 +109,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             if a.all {
                 let refs: Vec<(&str, &dd_lab::ScenarioResult)> =
                     results.iter().map(|(n, r)| (n.as_str(), r)).collect();
-                dd_lab::plot::write_index(&refs, &a.out)?;
+                dd_lab::results::plot::write_index(&refs, &a.out)?;
                 outln!("index: {}", a.out.join("index.html").display());
             }
             if !failed.is_empty() {
@@ -150,7 +150,7 @@ fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
 
 /// Says what the memory plan is (stderr, unless quiet): the estimate, the jobs and the scratch file.
 fn report_plan(sc: &Scenario, p: &dd_lab::Prepared, opts: &RunOptions, quiet: bool) {
-    use dd_lab::budget::gib;
+    use dd_lab::sim::budget::gib;
     let plan = &p.plan;
     let want = opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let nvar = plan.estimates.len();
@@ -194,7 +194,8 @@ fn peak_rss_bytes() -> Option<u64> {
 fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<dd_lab::ScenarioResult> {
     let prepared = dd_lab::prepare(sc, opts).with_context(|| format!("scenario {}", sc.name))?;
     report_plan(sc, &prepared, opts, quiet);
-    let nvar = sc.variant_list().len() as u64;
+    // Progress is per run: a searching variant runs each of its candidates.
+    let nvar = sc.run_list().len() as u64;
     let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(nvar * 1000) };
     pb.set_style(
         ProgressStyle::with_template("{prefix:>28} [{bar:40}] {percent:>3}% {elapsed} {msg}")
@@ -202,7 +203,7 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
             .progress_chars("=> "),
     );
     pb.set_prefix(sc.name.clone());
-    let names: Vec<String> = sc.variant_list().into_iter().map(|v| v.name).collect();
+    let names: Vec<String> = sc.run_list().into_iter().map(|v| v.name).collect();
     let started = Instant::now();
     // Variants may run side by side: the bar is the sum of their fractions, the message the running ones.
     let mut done = vec![0f64; names.len()];
@@ -222,8 +223,8 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     .with_context(|| format!("scenario {}", sc.name))?;
     pb.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
-    dd_lab::report::write_data(&res, dir)?;
-    dd_lab::plot::write_plots_and_report(&res, dir)?;
+    dd_lab::results::report::write_data(&res, dir)?;
+    dd_lab::results::plot::write_plots_and_report(&res, dir)?;
     // Wall-clock and memory figures go to the terminal only (never into summary.json / timeseries.csv).
     outln!(
         "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), peak RSS {} MiB, outputs in {}",

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{vm, Daemon, HOST_TOKEN};
+use common::{vm, Daemon};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -44,12 +44,7 @@ fn every_grafana_query_names_a_metric_the_daemon_exports() {
         Some(r#"{"spec":{"type":"hybrid","mem_weight":1,"ssd_weight":1}}"#),
     );
     assert_eq!(status, 201, "creating a pool");
-    let text = ureq::get(&format!("{}/metrics", d.admin))
-        .set("Authorization", &format!("Bearer {HOST_TOKEN}"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
+    let text = d.metrics();
     let exported: BTreeSet<String> = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())

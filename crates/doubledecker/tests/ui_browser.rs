@@ -166,6 +166,16 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         std::thread::sleep(Duration::from_millis(500));
     };
     assert!(host_dom.contains("data-scope=\"host\""), "{host_dom}");
+    // Each container row carries its static and effective entitlement (the page draws both).
+    let rows: Vec<&str> =
+        host_dom.split("<tr ").skip(1).filter(|r| r.contains("class=\"container\"")).collect();
+    for r in &rows {
+        let head = r.split('>').next().unwrap_or("");
+        for attr in ["data-mem-ent=\"", "data-mem-eff=\""] {
+            let v: u64 = head.split(attr).nth(1).and_then(|x| x.split('"').next()?.parse().ok()).unwrap_or(0);
+            assert!(v > 0, "a container row without {attr}..: {head}");
+        }
+    }
 
     // A VM's admin token: that VM only.
     let vm_dom = dom(&b, &format!("{}/ui/#token={}", d.admin, v2.admin_token));

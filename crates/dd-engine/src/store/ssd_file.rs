@@ -202,6 +202,7 @@ mod tests {
             direct_io: DirectIo::Auto,
             io_backend: IoBackend::Sync,
             write_queue_pages: 16,
+            faults: None,
         }
     }
 

@@ -1,7 +1,9 @@
 // DoubleDecker's live page. Everything it needs is served by the daemon (no outside fetch): it polls
 // the admin API with the token given (host scope: /v1/stats, every VM; VM scope: /v1/vm/stats, that
 // VM only), keeps the last minutes of samples in memory, and draws each VM's containers' use as stacked
-// areas against the VM's entitlement. When a poll fails it says so at once and keeps trying.
+// areas against the VM's entitlement, static (the weight share, dashed) and effective (with the shares
+// under-used VMs and containers leave lent out by weight, solid). When a poll fails it says so at once
+// and keeps trying.
 "use strict";
 const POLL_MS = 2000;
 const WINDOW_S = 300;
@@ -45,7 +47,8 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
-// Stacked areas of the pools' use in `store` over the window, with the VM's entitlement as a line.
+// Stacked areas of the pools' use in `store` over the window, with the VM's static (dashed) and
+// effective (solid) entitlements as lines.
 function drawChart(canvas, vmId, store) {
   const ctx = canvas.getContext("2d");
   const W = canvas.width, H = canvas.height, now = Date.now() / 1000;
@@ -56,7 +59,8 @@ function drawChart(canvas, vmId, store) {
   let max = 1;
   for (const s of samples) {
     const used = (s.vm.pools || []).reduce((a, p) => a + p.counters[store].used, 0);
-    max = Math.max(max, used, s.vm.totals[store].entitlement);
+    const t = s.vm.totals[store];
+    max = Math.max(max, used, t.entitlement, t.effective_entitlement || 0);
   }
   const x = (t) => W - ((now - t) / WINDOW_S) * W;
   const y = (v) => H - (v / max) * (H - 10);
@@ -71,15 +75,19 @@ function drawChart(canvas, vmId, store) {
     ctx.fill();
     top.forEach((v, k) => (base[k] = v));
   });
-  ctx.beginPath();
-  ctx.setLineDash([6, 4]);
-  samples.forEach((s, k) => {
-    const v = s.vm.totals[store].entitlement;
-    k ? ctx.lineTo(x(s.t), y(v)) : ctx.moveTo(x(s.t), y(v));
-  });
-  ctx.strokeStyle = "#000";
-  ctx.stroke();
+  for (const [field, dash] of [["entitlement", [6, 4]], ["effective_entitlement", []]]) {
+    ctx.beginPath();
+    ctx.setLineDash(dash);
+    samples.forEach((s, k) => {
+      const v = s.vm.totals[store][field] || 0;
+      k ? ctx.lineTo(x(s.t), y(v)) : ctx.moveTo(x(s.t), y(v));
+    });
+    ctx.strokeStyle = "#000";
+    ctx.lineWidth = dash.length ? 1 : 2;
+    ctx.stroke();
+  }
   ctx.setLineDash([]);
+  ctx.lineWidth = 1;
   ctx.fillStyle = "#333";
   ctx.fillText(max + " pages", 4, 12);
 }
@@ -106,26 +114,29 @@ function render(stats) {
       const hits = sum(c, "gets_hit"), gets = hits + c.gets_missed;
       const used = c.mem.used + c.ssd.used;
       const r = (pick) => rate(pp && pp.counters, c, pick, dt).toFixed(1);
-      return el("tr", { "data-vm": v.vm, "data-pool": p.pool, "data-used": used, className: "container" },
+      const ents = (st) => `${c[st].used} / ${c[st].effective_entitlement || 0} / ${c[st].entitlement}`;
+      return el("tr", { "data-vm": v.vm, "data-pool": p.pool, "data-used": used,
+        "data-mem-ent": c.mem.entitlement, "data-mem-eff": c.mem.effective_entitlement || 0,
+        "data-ssd-ent": c.ssd.entitlement, "data-ssd-eff": c.ssd.effective_entitlement || 0, className: "container" },
         el("td", {}, el("span", { className: "swatch", style: "background:" + COLORS[i % COLORS.length] }), `pool ${p.pool}`),
         el("td", {}, `${p.spec.type}`),
-        el("td", {}, `${c.mem.used} / ${c.mem.entitlement}`),
-        el("td", {}, `${c.ssd.used} / ${c.ssd.entitlement}`),
+        el("td", {}, ents("mem")),
+        el("td", {}, ents("ssd")),
         el("td", {}, gets ? (100 * hits / gets).toFixed(1) + "%" : "-"),
         el("td", {}, r((x) => sum(x, "puts"))),
         el("td", {}, r((x) => sum(x, "gets_hit") + x.gets_missed)),
         el("td", {}, r((x) => sum(x, "evictions"))),
         el("td", {}, `${c.remote_pages || 0}`));
     });
-    const head = el("tr", {}, ...["container", "spec", "mem used / ent.", "ssd used / ent.", "hit ratio", "puts/s", "gets/s", "evictions/s", "remote pages"].map((h) => el("th", {}, h)));
+    const head = el("tr", {}, ...["container", "spec", "mem used / eff. / static ent.", "ssd used / eff. / static ent.", "hit ratio", "puts/s", "gets/s", "evictions/s", "remote pages"].map((h) => el("th", {}, h)));
     const charts = el("div", { className: "charts" });
     for (const store of ["mem", "ssd"]) {
       const canvas = el("canvas", { width: 420, height: 140 });
-      charts.append(el("div", { className: "chart" }, el("h3", {}, `${store} store: use per container (stacked) and the VM's entitlement (dashed)`), canvas));
+      charts.append(el("div", { className: "chart" }, el("h3", {}, `${store} store: use per container (stacked), the VM's effective (solid) and static (dashed) entitlement`), canvas));
       requestAnimationFrame(() => drawChart(canvas, v.vm, store));
     }
     vms.append(el("div", { className: "vm", "data-vm": v.vm },
-      el("h2", {}, `VM ${v.vm} (weights mem ${v.weights.mem}, ssd ${v.weights.ssd}; entitlement mem ${v.totals.mem.entitlement}, ssd ${v.totals.ssd.entitlement} pages)`),
+      el("h2", {}, `VM ${v.vm} (weights mem ${v.weights.mem}, ssd ${v.weights.ssd}; entitlement effective / static: mem ${v.totals.mem.effective_entitlement || 0} / ${v.totals.mem.entitlement}, ssd ${v.totals.ssd.effective_entitlement || 0} / ${v.totals.ssd.entitlement} pages)`),
       charts, el("table", {}, head, ...rows)));
   }
 }

@@ -159,6 +159,16 @@ impl Daemon {
         c.wait().expect("wait for daemon").success()
     }
 
+    /// `GET /metrics` with the host token: the Prometheus text.
+    pub fn metrics(&self) -> String {
+        ureq::get(&format!("{}/metrics", self.admin))
+            .set("Authorization", &format!("Bearer {HOST_TOKEN}"))
+            .call()
+            .expect("GET /metrics")
+            .into_string()
+            .expect("metrics text")
+    }
+
     /// An admin API call; returns (status, JSON body or Null).
     pub fn http(
         &self,

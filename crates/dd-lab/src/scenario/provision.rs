@@ -1,0 +1,375 @@
+//! Scenario data of provisioning (SPEC section 10b): a VM's provisioner settings (`[vms.provision]`),
+//! searches over static settings (a variant's `search`), and the checks on targets (`targets`,
+//! `violation`). Containers carry their `target` (the [`dd_provision::Target`] type, in the container
+//! table). `docs/scenario-format.md` is the user's reference.
+//!
+//! Invariants after validation (called from [`super::Scenario::validate`]): every container named exists
+//! in the VM or scenario; times and sizes are finite and non-negative; a search has at least one
+//! dimension, every candidate list is non-empty, and it expands to at most [`MAX_CANDIDATES`] variants.
+//! [`expand`] is deterministic: candidates come in the order of the containers' names, each list in its
+//! order, the last container varying fastest.
+
+use super::Variant;
+use crate::error::LabError;
+use dd_engine::Spec;
+use dd_provision::ProvisionConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+
+/// Most variants one search may expand to.
+pub const MAX_CANDIDATES: usize = 512;
+
+fn d_true() -> bool {
+    true
+}
+fn d_start() -> f64 {
+    60.0
+}
+fn d_interval() -> f64 {
+    30.0
+}
+fn d_samples() -> u32 {
+    8192
+}
+fn d_decay() -> f64 {
+    0.7
+}
+
+/// `[vms.provision]`: the VM-level provisioner of the VM's containers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmProvision {
+    /// Whether it runs (a variant's `provision = { VM = bool }` overrides). Default true.
+    #[serde(default = "d_true")]
+    pub enabled: bool,
+    /// First decision, emulated s (scaled): the curves need accesses to say anything. Default 60.
+    #[serde(default = "d_start")]
+    pub start_s: f64,
+    /// Between decisions, emulated s (scaled). Default 30.
+    #[serde(default = "d_interval")]
+    pub interval_s: f64,
+    /// Set the containers' memory limits. Default true.
+    #[serde(default = "d_true")]
+    pub memory: bool,
+    /// Set the containers' pool specs (cache weights). Default true.
+    #[serde(default = "d_true")]
+    pub cache: bool,
+    /// Memory a container keeps whatever the plan, MiB (scaled), by container name. Default none.
+    #[serde(default)]
+    pub floor_mib: BTreeMap<String, f64>,
+    /// Sampled keys each container's curves keep (fixed-size SHARDS). Default 8192.
+    #[serde(default = "d_samples")]
+    pub max_samples: u32,
+    /// After each decision the curves' counts are multiplied by this, so that they follow working sets
+    /// that change (1: the whole run counts alike). Default 0.7.
+    #[serde(default = "d_decay")]
+    pub history_decay: f64,
+    /// The decision's own settings (grid steps, headroom, objective, rounds, hysteresis).
+    #[serde(default)]
+    pub decision: ProvisionConfig,
+}
+
+impl VmProvision {
+    pub(crate) fn validate(&self, p: &str, names: &[&str]) -> Result<(), LabError> {
+        let fin = |v: f64| v.is_finite() && v >= 0.0;
+        if !fin(self.start_s) {
+            return Err(LabError::invalid(&format!("{p}.start_s"), "must be non-negative"));
+        }
+        if !(self.interval_s.is_finite() && self.interval_s > 0.0) {
+            return Err(LabError::invalid(&format!("{p}.interval_s"), "must be positive"));
+        }
+        for (k, v) in &self.floor_mib {
+            if !names.contains(&k.as_str()) {
+                return Err(LabError::invalid(&format!("{p}.floor_mib.{k}"), "no such container in this VM"));
+            }
+            if !fin(*v) {
+                return Err(LabError::invalid(&format!("{p}.floor_mib.{k}"), "must be non-negative"));
+            }
+        }
+        if !(64..=1 << 20).contains(&self.max_samples) {
+            return Err(LabError::invalid(&format!("{p}.max_samples"), "must be in 64..=1048576"));
+        }
+        if !(self.history_decay > 0.0 && self.history_decay <= 1.0) {
+            return Err(LabError::invalid(&format!("{p}.history_decay"), "must be in (0, 1]"));
+        }
+        self.decision.validate().map_err(|e| LabError::invalid(&format!("{p}.decision"), e.to_string()))
+    }
+
+    pub(crate) fn scale(&mut self, k: f64) {
+        self.start_s *= k;
+        self.interval_s *= k;
+        for v in self.floor_mib.values_mut() {
+            *v *= k;
+        }
+    }
+}
+
+/// How a search picks its best candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pick {
+    /// Most containers meeting their targets over the window, then the highest total throughput (paper
+    /// 002 section 5.2.1: "the one which met the individual application SLAs and yielded the maximum
+    /// aggregate throughput").
+    #[default]
+    Throughput,
+    /// The least total time any container spends below its target, then the highest throughput.
+    Violation,
+}
+
+/// A variant's `search`: the variant stands for the best of a grid of static settings, each run as its
+/// own variant (named `NAME[container=value,...]`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Search {
+    /// Candidate memory-store weights per container (`0`: no cache, spec `none`); combinations that
+    /// give the same partition (proportional weights) run once.
+    #[serde(default)]
+    pub cache_weights: BTreeMap<String, Vec<u32>>,
+    /// Candidate memory limits per container, MiB (scaled); combinations whose limits in one VM add up
+    /// to more than its memory are left out.
+    #[serde(default)]
+    pub memory_limit_mib: BTreeMap<String, Vec<f64>>,
+    /// This container's memory limit is what its VM's memory leaves after the limits of
+    /// `memory_limit_mib` (a split of the VM's memory); candidates that leave it nothing are left out.
+    #[serde(default)]
+    pub rest_of_memory: Option<String>,
+    #[serde(default)]
+    pub pick: Pick,
+    /// Window in which candidates are compared (emulated s, scaled); default the whole run.
+    #[serde(default)]
+    pub from_s: Option<f64>,
+    #[serde(default)]
+    pub to_s: Option<f64>,
+}
+
+impl Search {
+    pub(crate) fn validate(&self, p: &str, containers: &HashSet<String>) -> Result<(), LabError> {
+        if self.cache_weights.is_empty() && self.memory_limit_mib.is_empty() {
+            return Err(LabError::invalid(p, "a search needs cache_weights or memory_limit_mib"));
+        }
+        for (k, v) in &self.cache_weights {
+            if !containers.contains(k) {
+                return Err(LabError::invalid(&format!("{p}.cache_weights.{k}"), "no such container"));
+            }
+            if v.is_empty() {
+                return Err(LabError::invalid(&format!("{p}.cache_weights.{k}"), "needs at least one value"));
+            }
+        }
+        for (k, v) in &self.memory_limit_mib {
+            if !containers.contains(k) {
+                return Err(LabError::invalid(&format!("{p}.memory_limit_mib.{k}"), "no such container"));
+            }
+            if v.is_empty() || v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+                return Err(LabError::invalid(
+                    &format!("{p}.memory_limit_mib.{k}"),
+                    "needs at least one value, each positive",
+                ));
+            }
+        }
+        if let Some(r) = &self.rest_of_memory {
+            if !containers.contains(r) || self.memory_limit_mib.contains_key(r) {
+                return Err(LabError::invalid(
+                    &format!("{p}.rest_of_memory"),
+                    "must name a container without memory_limit_mib candidates",
+                ));
+            }
+        }
+        let fin = |v: &Option<f64>| v.is_none_or(|x| x.is_finite() && x >= 0.0);
+        if !fin(&self.from_s) || !fin(&self.to_s) {
+            return Err(LabError::invalid(&format!("{p}.from_s"), "window bounds must be non-negative"));
+        }
+        let n: usize = self.cache_weights.values().map(Vec::len).product::<usize>()
+            * self.memory_limit_mib.values().map(Vec::len).product::<usize>();
+        if n > MAX_CANDIDATES {
+            return Err(LabError::invalid(
+                p,
+                format!("expands to {n} candidates (at most {MAX_CANDIDATES})"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn scale(&mut self, k: f64) {
+        for v in self.memory_limit_mib.values_mut() {
+            for x in v {
+                *x *= k;
+            }
+        }
+        self.from_s = self.from_s.map(|x| x * k);
+        self.to_s = self.to_s.map(|x| x * k);
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The variants a searching variant stands for (see [`Search`]); `vm_memory` gives each container's
+/// VM and that VM's memory (MiB), for leaving out over-committed limits. Each candidate is the variant
+/// with the candidate's overrides on top and `search` cleared; its `search_of` names the variant.
+pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) -> Vec<Variant> {
+    let Some(s) = &v.search else { return vec![v.clone()] };
+    // One dimension per (container, kind), in name order.
+    let mut dims: Vec<(String, bool, usize)> = Vec::new();
+    for (k, vals) in &s.cache_weights {
+        dims.push((k.clone(), true, vals.len()));
+    }
+    for (k, vals) in &s.memory_limit_mib {
+        dims.push((k.clone(), false, vals.len()));
+    }
+    let total: usize = dims.iter().map(|d| d.2).product();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for mut idx in 0..total {
+        let mut pick = vec![0usize; dims.len()];
+        for (d, slot) in dims.iter().zip(pick.iter_mut()).rev() {
+            *slot = idx % d.2;
+            idx /= d.2;
+        }
+        let weights: Vec<(&String, u32)> = dims
+            .iter()
+            .zip(&pick)
+            .filter(|(d, _)| d.1)
+            .map(|(d, &i)| (&d.0, s.cache_weights[&d.0][i]))
+            .collect();
+        let limits: Vec<(&String, f64)> = dims
+            .iter()
+            .zip(&pick)
+            .filter(|(d, _)| !d.1)
+            .map(|(d, &i)| (&d.0, s.memory_limit_mib[&d.0][i]))
+            .collect();
+        // Proportional weights are the same partition: run it once.
+        let g = weights.iter().fold(0, |g, w| gcd(g, w.1)).max(1);
+        let key: (Vec<u32>, Vec<u64>) =
+            (weights.iter().map(|w| w.1 / g).collect(), limits.iter().map(|l| l.1.to_bits()).collect());
+        if !seen.insert(key) {
+            continue;
+        }
+        let mut per_vm: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for (c, mib) in &limits {
+            if let Some((vm, mem)) = vm_memory(c) {
+                let e = per_vm.entry(vm).or_insert((0.0, mem));
+                e.0 += mib;
+            }
+        }
+        if per_vm.values().any(|(sum, mem)| *sum > mem * (1.0 + 1e-9)) {
+            continue;
+        }
+        // The rest of its VM's memory, for the container that takes it.
+        let rest = match s.rest_of_memory.as_ref().and_then(|r| vm_memory(r).map(|(vm, mem)| (r, vm, mem))) {
+            Some((r, vm, mem)) => {
+                let left = mem - per_vm.get(&vm).map_or(0.0, |e| e.0);
+                if left <= 0.0 {
+                    continue;
+                }
+                Some((r, left))
+            }
+            None => None,
+        };
+        let mut c = v.clone();
+        c.search = None;
+        c.search_of = Some(v.name.clone());
+        let mut parts = Vec::new();
+        for (name, w) in &weights {
+            let o = c.containers.entry((*name).clone()).or_default();
+            o.cache = Some(if *w == 0 { Spec::None } else { Spec::Mem { weight: *w } });
+            parts.push(format!("{name}={w}"));
+        }
+        for (name, mib) in limits.iter().copied().chain(rest) {
+            let o = c.containers.entry(name.clone()).or_default();
+            o.memory_limit_mib = Some(mib);
+            parts.push(format!("{name}={mib}M"));
+        }
+        c.name = format!("{}[{}]", v.name, parts.join(","));
+        out.push(c);
+    }
+    out
+}
+
+/// A check on the containers' targets (`kind = "targets"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetsCheck {
+    /// Variant (a searching variant stands for its best candidate); default the first.
+    #[serde(default)]
+    pub variant: Option<String>,
+    /// Containers; default every container with a target.
+    #[serde(default)]
+    pub entities: Vec<String>,
+    /// `met` (default): each meets its target over the window; `missed`: each misses it;
+    /// `not_all_met`: at least one misses it.
+    #[serde(default)]
+    pub expect: Expect,
+    #[serde(default)]
+    pub from_s: Option<f64>,
+    #[serde(default)]
+    pub to_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    #[default]
+    Met,
+    Missed,
+    NotAllMet,
+}
+
+/// Time below target of one variant against another's (`kind = "violation"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViolationCheck {
+    pub variant: String,
+    pub baseline: String,
+    /// Containers; default every container with a target.
+    #[serde(default)]
+    pub entities: Vec<String>,
+    /// The variant's total time in violation is at most this fraction of the baseline's.
+    pub max_ratio: f64,
+    #[serde(default)]
+    pub from_s: Option<f64>,
+    #[serde(default)]
+    pub to_s: Option<f64>,
+}
+
+impl TargetsCheck {
+    pub(crate) fn scale(&mut self, k: f64) {
+        self.from_s = self.from_s.map(|x| x * k);
+        self.to_s = self.to_s.map(|x| x * k);
+    }
+}
+
+impl ViolationCheck {
+    pub(crate) fn scale(&mut self, k: f64) {
+        self.from_s = self.from_s.map(|x| x * k);
+        self.to_s = self.to_s.map(|x| x * k);
+    }
+}
+
+/// Validates the containers and variants a targets or violation check names.
+pub(crate) fn validate_check_names(
+    p: &str,
+    variants: &[&Option<String>],
+    entities: &[String],
+    var_names: &HashSet<String>,
+    targeted: &HashSet<String>,
+) -> Result<(), LabError> {
+    if variants.iter().any(|v| v.as_ref().is_some_and(|v| !var_names.contains(v))) {
+        return Err(LabError::invalid(&format!("{p}.variant"), "no such variant"));
+    }
+    if let Some(e) = entities.iter().find(|e| !targeted.contains(*e)) {
+        return Err(LabError::invalid(
+            &format!("{p}.entities"),
+            format!("{e} is not a container with a target"),
+        ));
+    }
+    if targeted.is_empty() {
+        return Err(LabError::invalid(p, "no container has a target"));
+    }
+    Ok(())
+}

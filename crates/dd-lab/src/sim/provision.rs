@@ -1,0 +1,321 @@
+//! The VM-level provisioner in the event loop (SPEC section 10b): at `[vms.provision]`'s interval, the
+//! VM's running containers are described to `dd_provision::provision` (their curves from
+//! [`crate::streams`], their demand and residency measured since the last decision, their targets, the
+//! latency model of `[timing]` and the disk, the VM's memory and cache entitlements), and its plan is
+//! applied through the same calls as the timeline: memcg hard limits (reclaiming at once down to a
+//! lowered limit) and pool specs (`set_spec`).
+//!
+//! Owns [`VmProv`] (one VM's settings and the counters at its last decision), [`Decision`] and
+//! [`CurveSnapshot`] (what the run reports). Invariants: a decision changes nothing of a container that
+//! is not running; the first decision has no current allocation to keep (the scenario's initial
+//! settings are not a plan), later ones pass the last plan's allocation for hysteresis.
+
+use super::{Sim, NS};
+use crate::error::LabError;
+use crate::model::guest::{ANON_ACTIVE, ANON_INACTIVE, FILE_ACTIVE, FILE_INACTIVE};
+use crate::scenario::provision::VmProvision;
+use crate::scenario::{mib_pages, Scenario};
+use crate::sim::backend::SecondChance;
+use crate::sim::streams::StreamCounters;
+use dd_engine::{Spec, StoreKind};
+use dd_provision::{
+    provision, Allocation, Budget, ContainerInput, Curve, Demand, LatencyModel, Observed, Target,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Points read from each curve for a decision (evenly spaced up to the VM's memory and caches).
+const CURVE_POINTS: usize = 128;
+
+/// A container's counters at the last decision.
+#[derive(Debug, Clone, Copy, Default)]
+struct Snap {
+    ops: u64,
+    lat_ns: u64,
+    streams: StreamCounters,
+}
+
+/// One VM's provisioner.
+#[derive(Debug)]
+pub(super) struct VmProv {
+    cfg: VmProvision,
+    /// Per container index: its target and floor (pages).
+    targets: BTreeMap<usize, (Option<Target>, u64)>,
+    last: BTreeMap<usize, Snap>,
+    /// The last plan's allocations, by container index.
+    current: BTreeMap<usize, Allocation>,
+}
+
+impl VmProv {
+    /// The provisioner of VM `vm` of a (scaled, variant-applied) scenario, if it has one and it is on;
+    /// `first_ct` is the index of the VM's first container in the emulator.
+    pub(super) fn new(sc: &Scenario, vm: usize, first_ct: usize) -> Option<VmProv> {
+        let v = &sc.vms[vm];
+        let cfg = v.provision.clone().filter(|p| p.enabled)?;
+        let targets = v
+            .containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let floor = cfg.floor_mib.get(&c.name).map_or(0, |m| mib_pages(*m));
+                (first_ct + i, (c.target, floor))
+            })
+            .collect();
+        Some(VmProv { cfg, targets, last: BTreeMap::new(), current: BTreeMap::new() })
+    }
+
+    /// Decision times (ns) up to `end`.
+    pub(super) fn times(&self, end: u64) -> Vec<u64> {
+        let (start, step) = (ns(self.cfg.start_s), ns(self.cfg.interval_s).max(1));
+        (0..).map(|i| start + i * step).take_while(|&t| t <= end).collect()
+    }
+
+    pub(super) fn max_samples(&self) -> usize {
+        self.cfg.max_samples as usize
+    }
+}
+
+fn ns(s: f64) -> u64 {
+    (s * NS).round() as u64
+}
+
+/// One container in one decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecidedContainer {
+    pub name: String,
+    pub memory_limit_mib: f64,
+    pub mem_cache_mib: f64,
+    pub ssd_cache_mib: f64,
+    pub spec: Spec,
+    /// What the container did since the last decision.
+    pub measured_ops_s: f64,
+    pub predicted_ops_s: f64,
+    pub predicted_latency_ms: f64,
+    pub predicted_hit_ratio: f64,
+    pub target: Option<Target>,
+    pub target_met: Option<bool>,
+}
+
+/// One decision of one VM's provisioner.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub t_s: f64,
+    pub vm: String,
+    pub feasible: bool,
+    pub infeasible: Vec<String>,
+    pub kept_current: bool,
+    pub containers: Vec<DecidedContainer>,
+}
+
+/// A container's curves at the last decision of its VM, and what the plan gave it (pages).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurveSnapshot {
+    pub container: String,
+    pub t_s: f64,
+    /// `None` for a stream the container never used.
+    pub file: Option<Curve>,
+    pub anon: Option<Curve>,
+    pub allocation: Allocation,
+    /// The model's split of the memory between file and anonymous pages.
+    pub file_pages: f64,
+    pub anon_pages: f64,
+}
+
+fn all_misses() -> Curve {
+    Curve::new(dd_provision::Unit::Pages, vec![0], vec![1.0]).expect("one point at size 0 with ratio 1")
+}
+
+fn mib(pages: u64) -> f64 {
+    (pages as f64 / 256.0 * 1000.0).round() / 1000.0
+}
+
+impl<B: SecondChance> Sim<B> {
+    /// The VM's entitlement in `store` if it uses the store: its weight's share among the VMs whose
+    /// running containers use it.
+    fn vm_budget(&self, v: usize, store: StoreKind) -> u64 {
+        let s = store.idx();
+        let w = |vm: usize| if s == 0 { self.vm_weights[vm].0 } else { self.vm_weights[vm].1 } as u64;
+        let uses = |vm: usize| {
+            vm == v || self.vm_cts[vm].iter().any(|&c| self.cts[c].running && self.cts[c].spec.uses(store))
+        };
+        let sum: u64 = (0..self.vm_cts.len()).filter(|&vm| uses(vm)).map(w).sum();
+        if sum == 0 {
+            0
+        } else {
+            (self.capacity[s] as u128 * w(v) as u128 / sum as u128) as u64
+        }
+    }
+
+    /// Runs VM `v`'s provisioner now.
+    pub(super) fn provision(&mut self, v: usize) -> Result<(), LabError> {
+        let Some(mut st) = self.prov[v].take() else { return Ok(()) };
+        let r = self.decide(v, &mut st);
+        self.prov[v] = Some(st);
+        r
+    }
+
+    fn decide(&mut self, v: usize, st: &mut VmProv) -> Result<(), LabError> {
+        let members: Vec<usize> =
+            self.vm_cts[v].iter().copied().filter(|&c| self.cts[c].enabled && self.cts[c].running).collect();
+        if members.is_empty() {
+            return Ok(());
+        }
+        let t = self.timing;
+        let vmid = v as u32 + 1;
+        let disk_page = (self.disk.access + self.disk.xfer) as f64;
+        let lat = LatencyModel {
+            memory_hit_ns: t.page_cache_hit_ns as f64,
+            // A failed get, the copy in, and the put of the page the guest evicts to make room.
+            mem_cache_hit_ns: (2 * t.cache_op_ns + t.mem_store_hit_ns + t.page_cache_hit_ns) as f64,
+            ssd_cache_hit_ns: (2 * t.cache_op_ns + t.ssd_store_hit_ns + t.page_cache_hit_ns) as f64,
+            file_miss_ns: (2 * t.cache_op_ns + t.page_cache_hit_ns) as f64 + disk_page,
+            anon_miss_ns: t.page_cache_hit_ns as f64 + disk_page,
+        };
+        let g = &self.guests[v];
+        let mut budget = Budget {
+            memory_pages: g.limit,
+            mem_cache_pages: self.vm_budget(v, StoreKind::Mem),
+            ssd_cache_pages: self.vm_budget(v, StoreKind::Ssd),
+        };
+        if !st.cfg.memory {
+            // Memory stays where the guest put it: the plan may only move cache.
+            budget.memory_pages = members.iter().map(|&c| g.cgs[self.cts[c].cg].usage).sum();
+        }
+        let max = budget.memory_pages + budget.mem_cache_pages + budget.ssd_cache_pages;
+        let sizes = Curve::even_sizes(max.max(1), CURVE_POINTS);
+        let mut inputs = Vec::with_capacity(members.len());
+        let mut current = Vec::with_capacity(members.len());
+        let mut measured = Vec::with_capacity(members.len());
+        let mut shown = Vec::with_capacity(members.len());
+        for &c in &members {
+            let (ops, lat_ns) = (self.cts[c].tot.ops, self.cts[c].tot.lat_ns);
+            let streams =
+                self.streams[c].as_ref().ok_or_else(|| LabError::invalid("provision", "no streams"))?;
+            let now = Snap { ops, lat_ns, streams: streams.counters };
+            let prev = st.last.insert(c, now).unwrap_or_default();
+            // Since the last decision; the whole run so far if nothing ran in between.
+            let d = if now.ops > prev.ops {
+                Snap {
+                    ops: now.ops - prev.ops,
+                    lat_ns: now.lat_ns - prev.lat_ns,
+                    streams: now.streams.since(&prev.streams),
+                }
+            } else {
+                now
+            };
+            let n = d.ops.max(1) as f64;
+            let sc = &d.streams;
+            let per = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+            let ct = &self.cts[c];
+            let cg = &self.guests[v].cgs[ct.cg];
+            let pc = match ct.pool {
+                Some(p) => self.backend.pool_counters(vmid, p)?,
+                None => Default::default(),
+            };
+            let (target, floor) = st.targets.get(&c).copied().unwrap_or((None, 0));
+            let g = &self.guests[v];
+            let file_pages = g.list_len(ct.cg, FILE_INACTIVE) + g.list_len(ct.cg, FILE_ACTIVE);
+            let anon_pages = g.list_len(ct.cg, ANON_INACTIVE) + g.list_len(ct.cg, ANON_ACTIVE);
+            let file_curve = streams.file_curve(&sizes);
+            shown.push((file_curve.is_some(), streams.counters.anon_accesses > 0));
+            inputs.push(ContainerInput {
+                name: ct.name.clone(),
+                // No reads: every read would miss (there are none to charge).
+                file_curve: file_curve.unwrap_or_else(all_misses),
+                anon_curve: streams.anon_curve(&sizes),
+                demand: Demand {
+                    concurrency: ct.roles.len().max(1) as f64,
+                    max_ops_s: ct
+                        .store
+                        .as_ref()
+                        .filter(|s| s.interval_ns > 0)
+                        .map(|s| NS / s.interval_ns as f64),
+                    file_reads_per_op: sc.file_reads as f64 / n,
+                    anon_accesses_per_op: sc.anon_accesses as f64 / n,
+                    other_ns_per_op: t.op_cpu_ns as f64,
+                    file_miss_ns: per(sc.file_disk_ns, sc.file_disk_pages)
+                        .map(|w| w + (2 * t.cache_op_ns + t.page_cache_hit_ns) as f64),
+                    anon_miss_ns: per(sc.anon_fault_ns, sc.anon_faults)
+                        .map(|w| w + t.page_cache_hit_ns as f64),
+                },
+                target,
+                min_memory_pages: if st.cfg.memory { floor } else { cg.usage },
+                observed: Some(Observed {
+                    file_pages: file_pages as f64,
+                    anon_pages: anon_pages as f64,
+                    mem_cache_pages: pc.mem.used as f64,
+                    ssd_cache_pages: pc.ssd.used as f64,
+                    ns_per_op: d.lat_ns as f64 / n,
+                }),
+            });
+            current.push(st.current.get(&c).copied());
+            let span_s = if now.ops > prev.ops { st.cfg.interval_s } else { self.now as f64 / NS };
+            measured.push(d.ops as f64 / span_s.max(1e-9));
+        }
+        // The curves have been read: what happens next counts more than what came before.
+        for &c in &members {
+            if let Some(s) = self.streams[c].as_mut() {
+                s.decay(st.cfg.history_decay);
+            }
+        }
+        let current: Option<Vec<Allocation>> = current.into_iter().collect();
+        let plan = provision(&inputs, current.as_deref(), &lat, &budget, &st.cfg.decision)
+            .map_err(|e| LabError::invalid("vms.provision", e.to_string()))?;
+        let t_s = self.now as f64 / NS;
+        let mut decided = Vec::with_capacity(members.len());
+        let each = inputs.into_iter().zip(measured).zip(shown);
+        for ((&c, p), ((input, x), (has_file, _))) in members.iter().zip(&plan.containers).zip(each) {
+            if st.cfg.memory {
+                let (cg, pages) = (self.cts[c].cg, p.allocation.memory_pages.max(1));
+                let mut buf = std::mem::take(&mut self.evbuf);
+                self.guests[v].set_hard_limit(cg, pages, &mut |e| buf.push(e));
+                let mut now = self.now;
+                let r = self.handle_evictions(v, &mut buf, &mut now);
+                buf.clear();
+                self.evbuf = buf;
+                r?;
+            }
+            // A VM without a store gets weight 0 there: keep what the container has for that store.
+            let spec = p.spec();
+            if spec != self.cts[c].spec {
+                self.cts[c].spec = spec;
+                if let Some(pool) = self.cts[c].pool {
+                    self.backend.set_spec(vmid, pool, spec)?;
+                }
+            }
+            st.current.insert(c, p.allocation);
+            self.curves.retain(|s| s.container != p.name);
+            self.curves.push(CurveSnapshot {
+                container: p.name.clone(),
+                t_s,
+                file: has_file.then_some(input.file_curve),
+                anon: input.anon_curve,
+                allocation: p.allocation,
+                file_pages: p.predicted.file_pages,
+                anon_pages: p.predicted.anon_pages,
+            });
+            decided.push(DecidedContainer {
+                name: p.name.clone(),
+                memory_limit_mib: mib(p.allocation.memory_pages),
+                mem_cache_mib: mib(p.allocation.mem_cache_pages),
+                ssd_cache_mib: mib(p.allocation.ssd_cache_pages),
+                spec,
+                measured_ops_s: (x * 1000.0).round() / 1000.0,
+                predicted_ops_s: (p.predicted.ops_s * 1000.0).round() / 1000.0,
+                predicted_latency_ms: (p.predicted.ns_per_op / 1e3).round() / 1e3,
+                predicted_hit_ratio: (p.predicted.hit_ratio * 1e4).round() / 1e4,
+                target: p.target,
+                target_met: p.target_met,
+            });
+        }
+        self.decisions.push(Decision {
+            t_s,
+            vm: self.vm_names[v].clone(),
+            feasible: plan.feasible,
+            infeasible: plan.infeasible,
+            kept_current: plan.kept_current,
+            containers: decided,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,486 @@
+//! The decision: how much memory, memory cache and SSD cache each container gets.
+//!
+//! [`provision`] is a pure function of its arguments. Each resource is cut into `steps` equal units
+//! (the VM's memory, its entitlement in the memory store, its entitlement in the SSD store). A plan is
+//! scored lexicographically: first the number of containers whose target the model says it meets, then
+//! the number that meet it with `headroom` to spare, then the objective (total throughput, or total file
+//! hits per second). Memory and memory cache are decided together by dynamic programming over the
+//! containers on the two-dimensional grid (exact on the grid, whatever the curves' shape: a cliff such
+//! as a key-value store whose data set fits or not is handled, which greedy marginal allocation is not);
+//! the SSD cache, when the VM has one, by a one-dimensional programme with the other two fixed, and the
+//! two alternate for `rounds` rounds or until nothing changes. Memory the plan leaves unused (no
+//! container gains from it) is shared evenly so the limits add up to the VM's memory; cache shares are
+//! weights, and a container planned no cache keeps a minimal weight so that it can still use space the
+//! others leave free (the cache is resource conserving).
+//!
+//! Hysteresis: when every container carries its current allocation and that allocation scores as
+//! well on targets and within `hysteresis` of the best objective, it is kept, so that measurement noise
+//! does not move settings back and forth.
+//!
+//! Cost: `O(n * steps^4)` for the joint memory/memory-cache programme (about 5 M steps for 48 units),
+//! `O(n * steps^2)` for the SSD one.
+
+use crate::error::ProvisionError;
+use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
+use dd_engine::Spec;
+use serde::{Deserialize, Serialize};
+
+/// What the VM has to give: its memory for containers and its entitlements in the two stores, pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub memory_pages: u64,
+    pub mem_cache_pages: u64,
+    pub ssd_cache_pages: u64,
+}
+
+/// One container's share of a [`Budget`], pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocation {
+    pub memory_pages: u64,
+    pub mem_cache_pages: u64,
+    pub ssd_cache_pages: u64,
+}
+
+/// What the plan maximises once targets are met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// Total operations per second (the papers' "aggregate throughput").
+    #[default]
+    Throughput,
+    /// Total file pages per second served from memory or the cache.
+    Hits,
+}
+
+fn d_steps() -> u32 {
+    48
+}
+fn d_headroom() -> f64 {
+    0.1
+}
+fn d_rounds() -> u32 {
+    3
+}
+fn d_hysteresis() -> f64 {
+    0.02
+}
+fn d_file_share() -> f64 {
+    1.0 / 9.0
+}
+
+/// Settings of the decision (plain data, documented defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionConfig {
+    /// Units each resource is cut into. Default 48.
+    #[serde(default = "d_steps")]
+    pub steps: u32,
+    /// Targets are planned this much better than asked (0.1: 10%), against model error. Default 0.1.
+    #[serde(default = "d_headroom")]
+    pub headroom: f64,
+    #[serde(default)]
+    pub objective: Objective,
+    /// Alternations of the memory/memory-cache and SSD programmes. Default 3.
+    #[serde(default = "d_rounds")]
+    pub rounds: u32,
+    /// A current allocation within this fraction of the best objective (and as good on targets) is
+    /// kept. Default 0.02.
+    #[serde(default = "d_hysteresis")]
+    pub hysteresis: f64,
+    /// Least share of a container's memory the guest's reclaim leaves to file pages when the container
+    /// reads files. Default 1/9: Linux reclaims anonymous pages once the file pages are under an eighth
+    /// of them (the lab's guest does the same).
+    #[serde(default = "d_file_share")]
+    pub min_file_share: f64,
+}
+
+impl Default for ProvisionConfig {
+    fn default() -> Self {
+        ProvisionConfig {
+            steps: d_steps(),
+            headroom: d_headroom(),
+            objective: Objective::default(),
+            rounds: d_rounds(),
+            hysteresis: d_hysteresis(),
+            min_file_share: d_file_share(),
+        }
+    }
+}
+
+impl ProvisionConfig {
+    pub fn validate(&self) -> Result<(), ProvisionError> {
+        if !(2..=256).contains(&self.steps) {
+            return Err(ProvisionError::invalid("steps", "must be in 2..=256"));
+        }
+        if !(self.headroom.is_finite() && (0.0..=10.0).contains(&self.headroom)) {
+            return Err(ProvisionError::invalid("headroom", "must be in [0, 10]"));
+        }
+        if !(1..=20).contains(&self.rounds) {
+            return Err(ProvisionError::invalid("rounds", "must be in 1..=20"));
+        }
+        if !(self.hysteresis.is_finite() && (0.0..1.0).contains(&self.hysteresis)) {
+            return Err(ProvisionError::invalid("hysteresis", "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&self.min_file_share) {
+            return Err(ProvisionError::invalid("min_file_share", "must be in [0, 1)"));
+        }
+        Ok(())
+    }
+}
+
+/// One container's settings and what the model expects of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerPlan {
+    pub name: String,
+    pub allocation: Allocation,
+    /// Weights of the container's pool in the memory and SSD stores (0: the store is not used).
+    pub mem_weight: u32,
+    pub ssd_weight: u32,
+    pub predicted: Prediction,
+    pub target: Option<Target>,
+    /// Whether the prediction meets the target (`None`: no target).
+    pub target_met: Option<bool>,
+}
+
+impl ContainerPlan {
+    /// The pool spec `<T, W>` that gives the planned shares.
+    pub fn spec(&self) -> Spec {
+        match (self.mem_weight, self.ssd_weight) {
+            (0, 0) => Spec::None,
+            (m, 0) => Spec::Mem { weight: m },
+            (0, s) => Spec::Ssd { weight: s },
+            (m, s) => Spec::Hybrid { mem_weight: m, ssd_weight: s },
+        }
+    }
+}
+
+/// The decision for every container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub containers: Vec<ContainerPlan>,
+    /// Every target is met by the prediction.
+    pub feasible: bool,
+    /// Containers whose target the plan does not meet.
+    pub infeasible: Vec<String>,
+    /// The current allocation was kept (hysteresis).
+    pub kept_current: bool,
+}
+
+/// Score of a plan or of one container's part of it: targets met, met with headroom, objective.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Score {
+    met: u32,
+    comfy: u32,
+    obj: f64,
+}
+
+impl Score {
+    const NONE: Score = Score { met: 0, comfy: 0, obj: f64::NEG_INFINITY };
+    fn add(self, o: Score) -> Score {
+        Score { met: self.met + o.met, comfy: self.comfy + o.comfy, obj: self.obj + o.obj }
+    }
+    fn better(self, o: Score) -> bool {
+        (self.met, self.comfy) > (o.met, o.comfy)
+            || ((self.met, self.comfy) == (o.met, o.comfy) && self.obj > o.obj)
+    }
+}
+
+struct Ctx<'a> {
+    models: Vec<Model<'a>>,
+    cfg: ProvisionConfig,
+    /// Pages per unit of memory, memory cache, SSD cache, and the units of each.
+    unit: [f64; 3],
+    units: [usize; 3],
+}
+
+impl Ctx<'_> {
+    fn score(&self, i: usize, p: &Prediction) -> Score {
+        let input = self.models[i].input;
+        let (met, comfy) = match &input.target {
+            Some(t) => (t.met_by(p, 0.0) as u32, t.met_by(p, self.cfg.headroom) as u32),
+            None => (0, 0),
+        };
+        let obj = match self.cfg.objective {
+            crate::plan::Objective::Throughput => p.ops_s,
+            crate::plan::Objective::Hits => p.ops_s * input.demand.file_reads_per_op * p.hit_ratio,
+        };
+        Score { met, comfy, obj }
+    }
+
+    fn predict_pages(&self, i: usize, memory: f64, mem: f64, ssd: f64) -> Prediction {
+        self.models[i].predict(memory, mem, ssd, self.unit[0].max(1.0), self.cfg.min_file_share)
+    }
+
+    fn predict_units(&self, i: usize, u: [usize; 3]) -> Prediction {
+        self.predict_pages(
+            i,
+            u[0] as f64 * self.unit[0],
+            u[1] as f64 * self.unit[1],
+            u[2] as f64 * self.unit[2],
+        )
+    }
+
+    fn min_memory_units(&self, i: usize) -> usize {
+        let min = self.models[i].input.min_memory_pages as f64;
+        if self.unit[0] <= 0.0 {
+            0
+        } else {
+            ((min / self.unit[0]).ceil() as usize).min(self.units[0])
+        }
+    }
+
+    /// Joint memory and memory-cache programme with each container's SSD units fixed; returns the
+    /// (memory, memory cache) units of each container, or `None` if the memory floors do not fit.
+    fn plan_mem(&self, ssd: &[usize]) -> Option<Vec<(usize, usize)>> {
+        let (km, kc) = (self.units[0], self.units[1]);
+        let n = self.models.len();
+        let w = kc + 1;
+        // dp[m * w + c]: best score of the containers so far using exactly m and c units.
+        let mut dp = vec![Score::NONE; (km + 1) * w];
+        dp[0] = Score { met: 0, comfy: 0, obj: 0.0 };
+        let mut choice: Vec<Vec<(u16, u16)>> = Vec::with_capacity(n);
+        for (i, &s) in ssd.iter().enumerate() {
+            let lo = self.min_memory_units(i);
+            let mut table = vec![Score::NONE; (km + 1) * w];
+            for a in lo..=km {
+                for b in 0..=kc {
+                    table[a * w + b] = self.score(i, &self.predict_units(i, [a, b, s]));
+                }
+            }
+            let mut next = vec![Score::NONE; (km + 1) * w];
+            let mut pick = vec![(u16::MAX, u16::MAX); (km + 1) * w];
+            for m in 0..=km {
+                for c in 0..=kc {
+                    let mut best = Score::NONE;
+                    let mut arg = (u16::MAX, u16::MAX);
+                    for a in lo..=m {
+                        for b in 0..=c {
+                            let prev = dp[(m - a) * w + (c - b)];
+                            if prev.obj == f64::NEG_INFINITY {
+                                continue;
+                            }
+                            let v = prev.add(table[a * w + b]);
+                            if arg.0 == u16::MAX || v.better(best) {
+                                best = v;
+                                arg = (a as u16, b as u16);
+                            }
+                        }
+                    }
+                    next[m * w + c] = best;
+                    pick[m * w + c] = arg;
+                }
+            }
+            dp = next;
+            choice.push(pick);
+        }
+        // The best end state, then back through the choices.
+        let mut end: Option<(usize, usize)> = None;
+        for m in 0..=km {
+            for c in 0..=kc {
+                let v = dp[m * w + c];
+                if v.obj == f64::NEG_INFINITY {
+                    continue;
+                }
+                if end.is_none_or(|(em, ec)| v.better(dp[em * w + ec])) {
+                    end = Some((m, c));
+                }
+            }
+        }
+        let (mut m, mut c) = end?;
+        let mut out = vec![(0, 0); n];
+        for i in (0..n).rev() {
+            let (a, b) = choice[i][m * w + c];
+            out[i] = (a as usize, b as usize);
+            m -= a as usize;
+            c -= b as usize;
+        }
+        Some(out)
+    }
+
+    /// SSD programme with memory and memory cache fixed.
+    fn plan_ssd(&self, mc: &[(usize, usize)]) -> Vec<usize> {
+        let ks = self.units[2];
+        let n = self.models.len();
+        let mut dp = vec![Score::NONE; ks + 1];
+        dp[0] = Score { met: 0, comfy: 0, obj: 0.0 };
+        let mut choice = Vec::with_capacity(n);
+        for (i, &(m, c)) in mc.iter().enumerate() {
+            let table: Vec<Score> =
+                (0..=ks).map(|s| self.score(i, &self.predict_units(i, [m, c, s]))).collect();
+            let mut next = vec![Score::NONE; ks + 1];
+            let mut pick = vec![0usize; ks + 1];
+            for t in 0..=ks {
+                for s in 0..=t {
+                    let prev = dp[t - s];
+                    if prev.obj == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let v = prev.add(table[s]);
+                    if next[t].obj == f64::NEG_INFINITY || v.better(next[t]) {
+                        next[t] = v;
+                        pick[t] = s;
+                    }
+                }
+            }
+            dp = next;
+            choice.push(pick);
+        }
+        let mut t = (0..=ks).fold(0, |b, x| if dp[x].better(dp[b]) { x } else { b });
+        let mut out = vec![0; n];
+        for i in (0..n).rev() {
+            out[i] = choice[i][t];
+            t -= out[i];
+        }
+        out
+    }
+}
+
+/// Decides every container's memory, memory-cache share and SSD-cache share (see the module doc).
+/// Containers come back in input order. Fails only on invalid input; a target no allocation meets is
+/// reported in [`Plan::infeasible`].
+pub fn provision(
+    containers: &[ContainerInput],
+    current: Option<&[Allocation]>,
+    lat: &LatencyModel,
+    budget: &Budget,
+    cfg: &ProvisionConfig,
+) -> Result<Plan, ProvisionError> {
+    cfg.validate()?;
+    for (i, c) in containers.iter().enumerate() {
+        c.validate(&format!("containers[{i}]"))?;
+    }
+    if current.is_some_and(|a| a.len() != containers.len()) {
+        return Err(ProvisionError::invalid("current", "one allocation per container"));
+    }
+    let lat_ok =
+        [lat.memory_hit_ns, lat.mem_cache_hit_ns, lat.ssd_cache_hit_ns, lat.file_miss_ns, lat.anon_miss_ns]
+            .into_iter()
+            .all(|v| v.is_finite() && v >= 0.0);
+    if !lat_ok {
+        return Err(ProvisionError::invalid("latency", "every latency must be finite and non-negative"));
+    }
+    let floors: u64 = containers.iter().map(|c| c.min_memory_pages).sum();
+    if floors > budget.memory_pages {
+        return Err(ProvisionError::invalid(
+            "containers.min_memory_pages",
+            "the floors exceed the VM's memory",
+        ));
+    }
+    if containers.is_empty() {
+        return Ok(Plan {
+            containers: Vec::new(),
+            feasible: true,
+            infeasible: Vec::new(),
+            kept_current: false,
+        });
+    }
+    let k = cfg.steps as u64;
+    let grid = |pages: u64| -> (f64, usize) {
+        let units = pages.min(k) as usize;
+        if units == 0 {
+            (0.0, 0)
+        } else {
+            (pages as f64 / units as f64, units)
+        }
+    };
+    let (mu, km) = grid(budget.memory_pages);
+    let (cu, kc) = grid(budget.mem_cache_pages);
+    let (su, ks) = grid(budget.ssd_cache_pages);
+    let ctx = Ctx {
+        models: containers.iter().map(|c| Model::new(c, lat)).collect(),
+        cfg: *cfg,
+        unit: [mu, cu, su],
+        units: [km, kc, ks],
+    };
+    let n = containers.len();
+    let mut ssd = vec![0usize; n];
+    let mut mc = ctx.plan_mem(&ssd).ok_or_else(|| {
+        ProvisionError::invalid("containers.min_memory_pages", "the floors exceed the grid")
+    })?;
+    if ks > 0 {
+        for _ in 0..cfg.rounds {
+            let s = ctx.plan_ssd(&mc);
+            let m = ctx.plan_mem(&s).expect("the floors fitted in the first round");
+            let same = s == ssd && m == mc;
+            ssd = s;
+            mc = m;
+            if same {
+                break;
+            }
+        }
+    }
+    // Pages of the plan; unused memory is shared evenly.
+    let mut alloc: Vec<Allocation> = (0..n)
+        .map(|i| Allocation {
+            memory_pages: (mc[i].0 as f64 * mu).floor() as u64,
+            mem_cache_pages: (mc[i].1 as f64 * cu).floor() as u64,
+            ssd_cache_pages: (ssd[i] as f64 * su).floor() as u64,
+        })
+        .collect();
+    let spare =
+        budget.memory_pages - alloc.iter().map(|a| a.memory_pages).sum::<u64>().min(budget.memory_pages);
+    for (i, a) in alloc.iter_mut().enumerate() {
+        a.memory_pages += spare / n as u64 + (i < (spare % n as u64) as usize) as u64;
+    }
+    let eval = |alloc: &[Allocation]| -> (Score, Vec<Prediction>) {
+        let preds: Vec<Prediction> = (0..n)
+            .map(|i| {
+                let a = &alloc[i];
+                ctx.predict_pages(
+                    i,
+                    a.memory_pages as f64,
+                    a.mem_cache_pages as f64,
+                    a.ssd_cache_pages as f64,
+                )
+            })
+            .collect();
+        let total = (0..n).fold(Score { met: 0, comfy: 0, obj: 0.0 }, |s, i| s.add(ctx.score(i, &preds[i])));
+        (total, preds)
+    };
+    let (best, mut preds) = eval(&alloc);
+    let mut kept = false;
+    if let Some(cur) = current {
+        let (now, now_preds) = eval(cur);
+        let as_good = (now.met, now.comfy) >= (best.met, best.comfy);
+        if as_good && now.obj >= best.obj * (1.0 - cfg.hysteresis) {
+            alloc = cur.to_vec();
+            preds = now_preds;
+            kept = true;
+        }
+    }
+    // Weights: cache pages in units (16 per unit, so the minimal weight 1 of a container planned no
+    // cache is a sixteenth of a unit).
+    let weight = |pages: u64, unit: f64| -> u32 {
+        if unit <= 0.0 {
+            0
+        } else {
+            ((pages as f64 / unit * 16.0).round() as u32).max(1)
+        }
+    };
+    let mut plans = Vec::with_capacity(n);
+    let mut infeasible = Vec::new();
+    for i in 0..n {
+        let input = &containers[i];
+        let a = alloc[i];
+        let met = input.target.map(|t| t.met_by(&preds[i], 0.0));
+        if met == Some(false) {
+            infeasible.push(input.name.clone());
+        }
+        let mem_weight = weight(a.mem_cache_pages, cu);
+        // A container planned no SSD space stays out of the SSD store (its pages would only be demoted
+        // there to be evicted first).
+        let ssd_weight = if a.ssd_cache_pages == 0 { 0 } else { weight(a.ssd_cache_pages, su) };
+        plans.push(ContainerPlan {
+            name: input.name.clone(),
+            allocation: a,
+            mem_weight,
+            ssd_weight,
+            predicted: preds[i],
+            target: input.target,
+            target_met: met,
+        });
+    }
+    Ok(Plan { feasible: infeasible.is_empty(), infeasible, containers: plans, kept_current: kept })
+}
