@@ -21,6 +21,10 @@ pub struct TenantsArgs {
     /// Requests per A connection before it reconnects.
     #[arg(long, default_value_t = 200)]
     reconnect_every: u64,
+    /// Pairs of windows (A alone, A under attack) per attack; the ratios reported and checked are
+    /// the medians over the pairs.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
     /// Attacks to run (comma-separated; default all): slow_connections, oversized_preauth,
     /// unread_stats, pool_exhaustion, reregistration, peer_idle.
     #[arg(long, value_delimiter = ',')]
@@ -38,6 +42,7 @@ pub fn run(a: TenantsArgs) -> Result<()> {
         threads: a.threads,
         batch: a.batch,
         reconnect_every: a.reconnect_every,
+        repeats: a.repeats,
         seed: a.seed,
         ..Default::default()
     };
