@@ -9,14 +9,19 @@
 //!   pool before the backing store, writes, truncation and deletion invalidate, files read by another
 //!   container migrate (MIGRATE_OBJECT); the coherence argument is at the top of that module;
 //! * [`fs`]: the FUSE operations on the backing directory (via the pure-Rust `fuser`, no libfuse) and
-//!   [`Mount`], which `doubledecker mount` runs until SIGINT/SIGTERM unmounts it.
+//!   [`Mount`], which `doubledecker mount` runs until SIGINT/SIGTERM unmounts it;
+//! * [`sampling`] and [`publish`]: each container's sampled miss-ratio curve and read times, published
+//!   for `doubledecker guest provision`, and the first-level budgets it decides, applied.
 
 pub mod attrib;
 pub mod config;
 pub mod frontend;
 pub mod fs;
 pub mod level1;
+pub mod publish;
+pub mod sampling;
 
-pub use config::{FuseConfig, PAGE_SIZE};
+pub use config::{FuseConfig, SamplingConfig, PAGE_SIZE};
+pub use publish::{MountStats, PublishedContainer};
 pub use frontend::{ContainerStats, Frontend};
 pub use fs::{FuseError, Mount, Unmounter};
