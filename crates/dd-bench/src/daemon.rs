@@ -42,6 +42,8 @@ pub struct BenchVm {
     pub id: u32,
     pub data_token: String,
     pub admin_token: String,
+    /// The de-duplication group of the VM (`vms[].dedup_group`); empty: its own domain.
+    pub dedup_group: String,
 }
 
 impl BenchVm {
@@ -52,6 +54,7 @@ impl BenchVm {
             id,
             data_token: format!("bench-data-token-vm-{id:06}"),
             admin_token: format!("bench-admin-token-vm-{id:06}"),
+            dedup_group: String::new(),
         }
     }
 }
@@ -103,8 +106,8 @@ impl Daemon {
         cfg.push('\n');
         for v in &opts.vms {
             cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
-                v.id, v.data_token, v.admin_token
+                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\ndedup_group = {:?}\n",
+                v.id, v.data_token, v.admin_token, v.dedup_group
             ));
         }
         let cfg_path = dir.path().join("dd.toml");

@@ -21,6 +21,7 @@
 //!
 //! There is no baseline in the same run: the SPEC states this target as an absolute rate.
 
+use crate::thread_cpu_s;
 use dd_lab::{bundled, run_scenario, RunOptions};
 use serde::Serialize;
 use std::time::Instant;
@@ -139,18 +140,6 @@ pub fn run(opts: &LabBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Lab
     r.accesses_per_wall_s = r.accesses as f64 / r.wall_s.max(1e-9);
     r.meets_target = r.accesses_per_cpu_s >= TARGET_ACCESSES_PER_S;
     Ok(r)
-}
-
-/// CPU time consumed so far by the calling thread, in seconds.
-fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
-    // CLOCK_THREAD_CPUTIME_ID is supported by every Linux the project runs on; on failure `ts` keeps
-    // its zero value, which only makes the reported rate wrong, never unsound.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 #[cfg(test)]

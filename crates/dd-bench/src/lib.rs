@@ -7,6 +7,8 @@
 //!   the same order, for one thread and several.
 //! * [`dedup`]: put cost with content de-duplication against without, same run.
 //! * [`lab`]: the lab emulator's page accesses per second on one core, full stack (absolute target).
+//! * [`mrc`]: references per CPU second of the miss-ratio-curve methods on one binary trace (absolute
+//!   targets), with SHARDS's error against the exact curve of the same run.
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
 //! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both.
 //! * [`soak`]: mixed load on the daemon for a long time; checks bounded memory and the stats identity.
@@ -17,8 +19,22 @@ pub mod daemon;
 pub mod dedup;
 pub mod fuse;
 pub mod lab;
+pub mod mrc;
 pub mod remote;
 pub mod server;
 pub mod soak;
 pub mod ssd;
 pub mod store;
+
+/// CPU time consumed so far by the calling thread, in seconds (what the absolute-rate benchmarks
+/// divide by, so that other work on the machine changes their wall time, not their figure).
+pub fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
+    // CLOCK_THREAD_CPUTIME_ID is supported by every Linux the project runs on; on failure `ts` keeps
+    // its zero value, which only makes the reported rate wrong, never unsound.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}

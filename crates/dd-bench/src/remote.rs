@@ -15,6 +15,7 @@
 //! by side.
 
 use crate::daemon::{free_port, BenchVm, Daemon, DaemonError, DaemonOptions, HOST_TOKEN};
+use dd_coop::identity::NodeKey;
 use dd_engine::{Key, PoolOptions, Spec};
 use rand::{RngCore, SeedableRng};
 use serde::Serialize;
@@ -62,22 +63,44 @@ const PS: usize = 4096;
 /// C's memory in pages.
 const C_PAGES: u64 = 256;
 
+/// A node of the benchmark: name, peer-listener port and its key (written to `key_file`).
+pub(crate) struct BenchNode {
+    pub name: &'static str,
+    pub port: u16,
+    pub key: NodeKey,
+    pub key_file: std::path::PathBuf,
+}
+
+impl BenchNode {
+    /// A node with a fresh key in `dir`.
+    pub fn new(name: &'static str, port: u16, dir: &std::path::Path) -> std::io::Result<BenchNode> {
+        let mut seed = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut seed);
+        let key = NodeKey::from_seed(seed);
+        let key_file = dir.join(format!("{name}.key"));
+        std::fs::write(&key_file, key.secret_text())?;
+        Ok(BenchNode { name, port, key, key_file })
+    }
+}
+
 fn start(
     o: &RemoteBenchOptions,
-    me: (&str, u16),
-    peer: (&str, u16),
+    me: &BenchNode,
+    peer: &BenchNode,
     mem_pages: u64,
     vm: &BenchVm,
 ) -> Result<Daemon, DaemonError> {
     let extra = format!(
         "dedup = true\n[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\n\
-         listen = \"127.0.0.1:{}\"\nnode_name = {:?}\npeer_secret = \"bench-peer-secret-000001\"\n\
-         peers = [{{ name = {:?}, addr = \"127.0.0.1:{}\" }}]\npublish_interval_ms = 3600000\n\
+         listen = \"127.0.0.1:{}\"\nnode_name = {:?}\ndedup_group = \"peers\"\nkey_file = {:?}\n\
+         peers = [{{ name = {:?}, addr = \"127.0.0.1:{}\", public_key = {:?} }}]\npublish_interval_ms = 3600000\n\
          remotify_queue_pages = {}\n[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n",
-        me.1,
-        me.0,
-        peer.0,
-        peer.1,
+        me.port,
+        me.name,
+        me.key_file.display().to_string(),
+        peer.name,
+        peer.port,
+        peer.key.public_text(),
         o.pages + 1024
     );
     Daemon::start(&DaemonOptions {
@@ -106,10 +129,16 @@ pub fn run(o: &RemoteBenchOptions) -> Result<RemoteBenchReport, RemoteBenchError
     if o.pages <= C_PAGES {
         return Err(RemoteBenchError::Check(format!("pages must exceed {C_PAGES}")));
     }
-    let vm = BenchVm::new(1);
+    // The VM's pages are shared with peers: it is in the co-operative group.
+    let vm = BenchVm { dedup_group: "peers".into(), ..BenchVm::new(1) };
     let (pb, pc) = (free_port()?, free_port()?);
-    let b = start(o, ("b", pb), ("c", pc), o.pages + 1024, &vm)?;
-    let c = start(o, ("c", pc), ("b", pb), C_PAGES, &vm)?;
+    let keys = tempfile::tempdir().map_err(DaemonError::from)?;
+    let (nb, nc) = (
+        BenchNode::new("b", pb, keys.path()).map_err(DaemonError::from)?,
+        BenchNode::new("c", pc, keys.path()).map_err(DaemonError::from)?,
+    );
+    let b = start(o, &nb, &nc, o.pages + 1024, &vm)?;
+    let c = start(o, &nc, &nb, C_PAGES, &vm)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
     let pages: Vec<Vec<u8>> = (0..o.pages)
         .map(|_| {

@@ -625,6 +625,8 @@ mod tests {
             totals,
             pins_held: 0,
             remote_dedups: 0,
+            group_dedup_hits: 0,
+            group_bytes_saved: 0,
         };
         let r = check_identity(&h);
         assert!(r.holds && r.host_holds, "{r:?}");

@@ -173,11 +173,13 @@ fn run_in(
     let slots = (opts.file_size_bytes / PAGE_SIZE as u64) as u32;
     let store = SsdStore::open(SsdOptions {
         path: store_path.to_path_buf(),
+        scratch: false,
         slots,
         page_size: PAGE_SIZE,
         direct_io: if opts.direct { DirectIo::On } else { DirectIo::Off },
         io_backend: IoBackend::Auto,
         write_queue_pages: 1024,
+        faults: None,
     })?;
     let uring = store.uring_active();
 

@@ -14,9 +14,16 @@
 //! whose id does not match the oldest outstanding request is a protocol error and poisons nothing but
 //! this client; a server error comes back as [`ClientError::Server`] with its stable status code.
 //!
+//! [`reconnect`] survives daemon restarts: capped exponential back-off with jitter, the daemon's
+//! instance id (HELLO, protocol version 2), pools bound to the instance that made them
+//! ([`ClientError::PoolLost`] after a restart, never an ordinary miss).
+//!
 //! [`admin`] is the admin API's client (HTTP/JSON), for the tools that drive a daemon's control plane.
 
 pub mod admin;
+pub mod reconnect;
+
+pub use reconnect::{Backoff, BackoffPolicy, Endpoint, Link, PoolRef, Session};
 
 use dd_engine::{Key, PoolId, PoolOptions, PoolStats, PutOutcome, Spec, VmStats};
 use dd_proto::frame::{split_frame, Header};
@@ -48,6 +55,14 @@ pub enum ClientError {
     /// A page or batch does not fit the server's page size or limits.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Not connected, and the reconnection back-off says to wait this long before the next attempt
+    /// (nothing was sent).
+    #[error("the daemon is unreachable (next attempt in {retry_in:?})")]
+    Unavailable { retry_in: std::time::Duration },
+    /// The pool belongs to an earlier instance of the daemon: it restarted, and the pool and every page
+    /// in it are gone (a persistent pool's pages too). Nothing was sent.
+    #[error("pool {pool} was lost: the daemon restarted")]
+    PoolLost { pool: PoolId },
 }
 
 impl ClientError {
@@ -56,6 +71,33 @@ impl ClientError {
         match self {
             ClientError::Server { status, .. } => Some(*status),
             _ => None,
+        }
+    }
+
+    /// Whether the connection is unusable after this error (the daemon may be gone): transport and
+    /// framing failures, and a client not connected at all.
+    pub fn is_transport(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Io(_)
+                | ClientError::Proto(_)
+                | ClientError::Unexpected(_)
+                | ClientError::Unavailable { .. }
+        )
+    }
+
+    /// Stable short name of the error: the server's status name, or the client's own
+    /// (`pool_lost`, `unavailable`, `io`, ...).
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            ClientError::Server { status, .. } => status.name(),
+            ClientError::Io(_) => "io",
+            ClientError::Proto(_) => "protocol",
+            ClientError::Unexpected(_) => "unexpected_response",
+            ClientError::Json(_) => "bad_stats_document",
+            ClientError::InvalidArgument(_) => "invalid_argument",
+            ClientError::Unavailable { .. } => "unavailable",
+            ClientError::PoolLost { .. } => "pool_lost",
         }
     }
 }
@@ -96,6 +138,8 @@ pub struct ServerInfo {
     pub page_size: usize,
     pub max_batch: usize,
     pub max_payload: u32,
+    /// The daemon's instance id (protocol version 2; `None` from a version-1 server).
+    pub instance: Option<u64>,
 }
 
 /// One authenticated connection to the cache manager.
@@ -137,7 +181,14 @@ impl Client {
             wbuf: Vec::with_capacity(64 * 1024),
             next_id: 1,
             outstanding: VecDeque::new(),
-            info: ServerInfo { version: PROTOCOL_VERSION, vm, page_size: 0, max_batch: 0, max_payload: 0 },
+            info: ServerInfo {
+                version: PROTOCOL_VERSION,
+                vm,
+                page_size: 0,
+                max_batch: 0,
+                max_payload: 0,
+                instance: None,
+            },
             payload: Vec::new(),
         };
         let hello = Request::Hello {
@@ -147,13 +198,14 @@ impl Client {
             token: token.as_bytes(),
         };
         match c.call(&hello)? {
-            Response::Hello { version, vm, page_size, max_batch, max_payload } => {
+            Response::Hello { version, vm, page_size, max_batch, max_payload, instance } => {
                 c.info = ServerInfo {
                     version: version as u8,
                     vm,
                     page_size: page_size as usize,
                     max_batch: max_batch as usize,
                     max_payload,
+                    instance,
                 };
                 Ok(c)
             }

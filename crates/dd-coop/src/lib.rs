@@ -3,10 +3,12 @@
 //! Thesis 004, chapter 5 (SPEC section 9): each daemon summarises the content of its unique frames in a
 //! Bloom filter and publishes it to its peers, so that a frame about to be evicted can be offered to a
 //! peer that probably holds equal content. This crate holds the parts that do not depend on the engine
-//! or on sockets: the summaries ([`bloom`]) and the peer-to-peer wire format ([`wire`]). The daemon's
+//! or on sockets: the summaries ([`bloom`]), the peer-to-peer wire format ([`wire`]) and the
+//! per-node identities peers prove in their handshake ([`identity`]). The daemon's
 //! peer listener, client and remotifier are in `dd-server`'s `coop` module.
 
 pub mod bloom;
+pub mod identity;
 pub mod wire;
 
 pub use bloom::{BloomConfig, BloomFilter, Removal};

@@ -10,17 +10,18 @@
 //! given; every decoded message re-encodes to a frame that decodes to the same message (the fuzz target
 //! `peer_decoder` checks both); status codes are stable and never reused.
 
+use crate::identity::{NONCE_LEN, SIGNATURE_LENGTH};
 use thiserror::Error;
 
 pub const MAGIC: [u8; 2] = *b"DP";
-pub const VERSION: u8 = 1;
+/// Version 2: per-node keys (HELLO with a nonce, AUTH); version 1 had a shared secret.
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 20;
 pub const FLAG_RESPONSE: u16 = 1;
 /// The largest payload any peer accepts: a summary of 2^29 bits (64 MiB) plus its header fields.
 pub const ABSOLUTE_MAX_PAYLOAD: u32 = (64 << 20) + 64;
-/// Longest node name and secret.
+/// Longest node name.
 pub const MAX_NAME: usize = 255;
-pub const MAX_SECRET: usize = 1024;
 /// Most pins in one UNPIN.
 pub const MAX_UNPIN: usize = 65536;
 
@@ -32,6 +33,7 @@ pub enum PeerOp {
     Compare = 3,
     Fetch = 4,
     Unpin = 5,
+    Auth = 6,
 }
 
 impl PeerOp {
@@ -42,6 +44,7 @@ impl PeerOp {
             3 => PeerOp::Compare,
             4 => PeerOp::Fetch,
             5 => PeerOp::Unpin,
+            6 => PeerOp::Auth,
             _ => return None,
         })
     }
@@ -53,9 +56,9 @@ pub struct PeerStatus(pub u16);
 
 impl PeerStatus {
     pub const OK: PeerStatus = PeerStatus(0);
-    /// Wrong secret: the connection is closed.
+    /// A name outside the membership, or a signature that does not verify: the connection is closed.
     pub const AUTH_FAILED: PeerStatus = PeerStatus(1);
-    /// The first frame was not HELLO: closed.
+    /// The first frame was not HELLO (or the second not AUTH): closed.
     pub const NOT_AUTHENTICATED: PeerStatus = PeerStatus(2);
     pub const MALFORMED: PeerStatus = PeerStatus(3);
     pub const UNKNOWN_OP: PeerStatus = PeerStatus(4);
@@ -142,8 +145,10 @@ fn finish(out: &mut [u8], at: usize) {
 /// A request between daemons.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerRequest<'a> {
-    /// First frame: who the sender is, its restart epoch and the shared peer secret.
-    Hello { name: &'a str, epoch: u64, secret: &'a [u8] },
+    /// First frame: who the sender claims to be, its restart epoch and a fresh random nonce.
+    Hello { name: &'a str, epoch: u64, nonce: [u8; NONCE_LEN] },
+    /// Second frame: the sender's signature of the handshake transcript (`identity::Transcript`).
+    Auth { signature: [u8; SIGNATURE_LENGTH] },
     /// The sender's content summary (a Bloom filter's bits; `bits.len() * 8 == m_bits`).
     Summary { m_bits: u64, k_hashes: u32, bits: &'a [u8] },
     /// Remote compare (Algorithm 4): pin a frame equal to `page` for the sender.
@@ -157,9 +162,12 @@ pub enum PeerRequest<'a> {
 /// A successful response (errors carry a status and a UTF-8 message instead).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerResponse<'a> {
+    /// The receiver's name and epoch, its nonce and its signature of the transcript.
     Hello {
         name: &'a str,
         epoch: u64,
+        nonce: [u8; NONCE_LEN],
+        signature: [u8; SIGNATURE_LENGTH],
     },
     Done,
     /// `Some(pin)` when an equal frame was found and pinned.
@@ -214,6 +222,7 @@ impl<'a> PeerRequest<'a> {
             PeerRequest::Compare { .. } => PeerOp::Compare,
             PeerRequest::Fetch { .. } => PeerOp::Fetch,
             PeerRequest::Unpin { .. } => PeerOp::Unpin,
+            PeerRequest::Auth { .. } => PeerOp::Auth,
         }
     }
 
@@ -221,13 +230,13 @@ impl<'a> PeerRequest<'a> {
     pub fn encode(&self, id: u64, out: &mut Vec<u8>) {
         let at = begin(out, self.op() as u8, 0, PeerStatus::OK, id);
         match self {
-            PeerRequest::Hello { name, epoch, secret } => {
+            PeerRequest::Hello { name, epoch, nonce } => {
                 out.extend_from_slice(&(name.len() as u16).to_le_bytes());
                 out.extend_from_slice(name.as_bytes());
                 out.extend_from_slice(&epoch.to_le_bytes());
-                out.extend_from_slice(&(secret.len() as u16).to_le_bytes());
-                out.extend_from_slice(secret);
+                out.extend_from_slice(nonce);
             }
+            PeerRequest::Auth { signature } => out.extend_from_slice(signature),
             PeerRequest::Summary { m_bits, k_hashes, bits } => {
                 out.extend_from_slice(&m_bits.to_le_bytes());
                 out.extend_from_slice(&k_hashes.to_le_bytes());
@@ -257,6 +266,7 @@ impl<'a> PeerRequest<'a> {
             PeerOp::Compare => "compare",
             PeerOp::Fetch => "fetch",
             PeerOp::Unpin => "unpin",
+            PeerOp::Auth => "auth",
         };
         let mut r = Reader { b: payload, what };
         let req = match op {
@@ -267,12 +277,11 @@ impl<'a> PeerRequest<'a> {
                 }
                 let name = std::str::from_utf8(r.take(n)?).map_err(|_| WireError::Malformed(what))?;
                 let epoch = r.u64()?;
-                let n = r.u16()? as usize;
-                if n > MAX_SECRET {
-                    return Err(WireError::Malformed(what));
-                }
-                let secret = r.take(n)?;
-                PeerRequest::Hello { name, epoch, secret }
+                let nonce = r.take(NONCE_LEN)?.try_into().expect("NONCE_LEN bytes");
+                PeerRequest::Hello { name, epoch, nonce }
+            }
+            PeerOp::Auth => {
+                PeerRequest::Auth { signature: r.take(SIGNATURE_LENGTH)?.try_into().expect("64 bytes") }
             }
             PeerOp::Summary => {
                 let m_bits = r.u64()?;
@@ -309,10 +318,12 @@ impl<'a> PeerResponse<'a> {
     pub fn encode(&self, op: u8, id: u64, out: &mut Vec<u8>) {
         let at = begin(out, op, FLAG_RESPONSE, PeerStatus::OK, id);
         match self {
-            PeerResponse::Hello { name, epoch } => {
+            PeerResponse::Hello { name, epoch, nonce, signature } => {
                 out.extend_from_slice(&epoch.to_le_bytes());
                 out.extend_from_slice(&(name.len() as u16).to_le_bytes());
                 out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(nonce);
+                out.extend_from_slice(signature);
             }
             PeerResponse::Done => {}
             PeerResponse::Compared(pin) => {
@@ -342,9 +353,11 @@ impl<'a> PeerResponse<'a> {
                     return Err(WireError::Malformed("response"));
                 }
                 let name = std::str::from_utf8(r.take(n)?).map_err(|_| WireError::Malformed("response"))?;
-                PeerResponse::Hello { name, epoch }
+                let nonce = r.take(NONCE_LEN)?.try_into().expect("NONCE_LEN bytes");
+                let signature = r.take(SIGNATURE_LENGTH)?.try_into().expect("64 bytes");
+                PeerResponse::Hello { name, epoch, nonce, signature }
             }
-            PeerOp::Summary => PeerResponse::Done,
+            PeerOp::Summary | PeerOp::Auth => PeerResponse::Done,
             PeerOp::Compare => {
                 let found = r.u8()?;
                 let pin = r.u64()?;
@@ -392,7 +405,8 @@ mod tests {
 
     #[test]
     fn requests_roundtrip() {
-        roundtrip_req(PeerRequest::Hello { name: "node-b", epoch: 42, secret: b"0123456789abcdef" });
+        roundtrip_req(PeerRequest::Hello { name: "node-b", epoch: 42, nonce: [7; NONCE_LEN] });
+        roundtrip_req(PeerRequest::Auth { signature: [5; SIGNATURE_LENGTH] });
         roundtrip_req(PeerRequest::Summary { m_bits: 128, k_hashes: 3, bits: &[0xa5; 16] });
         roundtrip_req(PeerRequest::Compare { hash: u128::MAX - 5, page: &[9; 8] });
         roundtrip_req(PeerRequest::Fetch { pin: 1 << 40 });
@@ -403,7 +417,8 @@ mod tests {
     fn responses_roundtrip() {
         let page = [3u8; 8];
         for (op, resp) in [
-            (PeerOp::Hello, PeerResponse::Hello { name: "a", epoch: 9 }),
+            (PeerOp::Hello, PeerResponse::Hello { name: "a", epoch: 9, nonce: [1; 32], signature: [2; 64] }),
+            (PeerOp::Auth, PeerResponse::Done),
             (PeerOp::Summary, PeerResponse::Done),
             (PeerOp::Compare, PeerResponse::Compared(Some(5))),
             (PeerOp::Compare, PeerResponse::Compared(None)),

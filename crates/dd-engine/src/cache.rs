@@ -40,8 +40,11 @@
 
 use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
-use crate::policy::{compute_entitlements, select_victim, EntityUsage, VmShape};
-use crate::pool::{Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, MAX_WEIGHT};
+use crate::policy::effective::{self, Effective, VmUse};
+use crate::policy::{select_victim, EntityUsage};
+use crate::pool::{
+    Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, VmShare, MAX_WEIGHT,
+};
 use crate::remote::{Evicted, RemoteRef, RemoteSink};
 use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
 use crate::store::dedup::{hash_page, ContentIndex, Lookup};
@@ -51,12 +54,14 @@ use crate::types::{Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, S
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 const POOL_SHARDS: usize = 16;
+/// One shard of the pool table: pools by (VM, per-VM pool id).
+type PoolTable = Map<(VmId, PoolId), Arc<Pool>>;
 /// Sequence numbers a thread takes from the shared counter at once.
 const SEQ_BLOCK: u64 = 256;
 
@@ -111,8 +116,18 @@ struct VmNode {
     /// Counters of destroyed pools, so aggregates keep the identity.
     retired: Counters,
     entitlement: [u64; 2],
-    /// The VM's pages are de-duplicated only among themselves (`store::dedup`, side channels).
-    dedup_isolated: bool,
+    /// Sum of the pool weights per store (a VM uses a store when this and its own weight are non-zero).
+    weight_sum: [u64; 2],
+    /// What the VM's pools read: its entitlement and `weight_sum` (see `pool::VmShare`).
+    share: Arc<VmShare>,
+    /// The next pool id of this VM: pool ids are numbered per VM (1, 2, ...), so they tell a VM nothing
+    /// about other VMs' pools, and are never reused within one registration.
+    next_pool: u32,
+    /// The VM's pool quota.
+    max_pools: usize,
+    /// The de-duplication group the host administrator put the VM in; `None` (the default): the VM's
+    /// pages are de-duplicated only among themselves (`store::dedup`, side channels).
+    dedup_group: Option<u32>,
 }
 
 #[derive(Default)]
@@ -134,6 +149,7 @@ struct Shared {
     page_size: usize,
     max_batch: usize,
     max_pools: usize,
+    max_pools_per_vm: usize,
     maintenance: Maintenance,
     maintenance_interval: Duration,
     settings: RwLock<Settings>,
@@ -144,9 +160,9 @@ struct Shared {
     dedup: Option<ContentIndex>,
     ssd: Option<SsdStore>,
     stores: [StoreState; 2],
-    pools: [RwLock<Map<PoolId, Arc<Pool>>>; POOL_SHARDS],
+    /// Pools by (VM, per-VM pool id).
+    pools: [RwLock<PoolTable>; POOL_SHARDS],
     tree: RwLock<Tree>,
-    next_pool: AtomicU32,
     /// Insertion sequence (global-mode FIFO order); threads take it in blocks, see [`Shared::next_seq`].
     seq: CachePadded<AtomicU64>,
     /// Distinguishes caches in the per-thread sequence-block cache.
@@ -159,6 +175,12 @@ struct Shared {
     remote_tokens: AtomicU64,
     /// Pending records a pool may hold; beyond it evictions are plain.
     max_pending_per_pool: usize,
+    /// The domain co-operative de-duplication shares ([`Cache::set_coop_group`]); `NO_DOMAIN`: none.
+    coop_domain: AtomicU64,
+    /// De-dup hits and bytes saved in group domains: counted in host scope only, so that no VM's own
+    /// statistics reveal a match with another VM's content.
+    group_dedup_hits: AtomicU64,
+    group_bytes_saved: AtomicU64,
     /// Pins held for peers: pin number -> frame (a leaf lock).
     pins: Mutex<Map<u64, crate::store::mem::FrameId>>,
     next_pin: AtomicU64,
@@ -191,6 +213,15 @@ impl Cache {
     /// Builds a cache from a validated configuration. Opens (and empties) the SSD store if configured and
     /// starts the background worker unless maintenance is inline.
     pub fn new(cfg: EngineConfig) -> Result<Cache, CacheError> {
+        Cache::with_ssd_faults(cfg, None)
+    }
+
+    /// [`Cache::new`] with an SSD store whose I/O fails as `faults` says (tests and fuzzing only:
+    /// `store::ssd::faults`). Without an SSD store in `cfg`, `faults` is unused.
+    pub fn with_ssd_faults(
+        cfg: EngineConfig,
+        faults: Option<Arc<crate::store::ssd::faults::FaultInjector>>,
+    ) -> Result<Cache, CacheError> {
         cfg.validate()?;
         let ps = cfg.page_size_bytes;
         let mem_cap = cfg.pages(cfg.mem.capacity_bytes);
@@ -200,17 +231,20 @@ impl Cache {
         let (ssd, ssd_cap) = match &cfg.ssd {
             Some(s) => {
                 let slots = cfg.pages(s.capacity_bytes);
-                if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let dir = if s.scratch { Some(s.path.as_path()) } else { s.path.parent() };
+                if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)
                         .map_err(|e| CacheError::Io(format!("creating {}: {e}", dir.display())))?;
                 }
                 let store = SsdStore::open(SsdOptions {
                     path: s.path.clone(),
+                    scratch: s.scratch,
                     slots: slots as u32,
                     page_size: ps,
                     direct_io: s.direct_io,
                     io_backend: s.io_backend,
                     write_queue_pages: s.write_queue_pages,
+                    faults,
                 })?;
                 (Some(store), slots)
             }
@@ -220,6 +254,7 @@ impl Cache {
             page_size: ps,
             max_batch: cfg.max_batch_pages,
             max_pools: cfg.max_pools,
+            max_pools_per_vm: cfg.max_pools_per_vm,
             maintenance: cfg.maintenance,
             maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
             settings: RwLock::new(Settings {
@@ -234,7 +269,6 @@ impl Cache {
             stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
             pools: std::array::from_fn(|_| RwLock::new(Map::with_hasher(Hasher::default()))),
             tree: RwLock::new(Tree::default()),
-            next_pool: AtomicU32::new(1),
             seq: CachePadded::new(AtomicU64::new(1)),
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             wake: (Mutex::new(false), Condvar::new()),
@@ -242,6 +276,9 @@ impl Cache {
             sink: std::sync::OnceLock::new(),
             remote_tokens: AtomicU64::new(1),
             max_pending_per_pool: 4096,
+            coop_domain: AtomicU64::new(NO_DOMAIN),
+            group_dedup_hits: AtomicU64::new(0),
+            group_bytes_saved: AtomicU64::new(0),
             pins: Mutex::new(Map::with_hasher(Hasher::default())),
             next_pin: AtomicU64::new(1),
             pins_granted: AtomicU64::new(0),
@@ -283,38 +320,47 @@ impl Cache {
                 pools: BTreeMap::new(),
                 retired: Counters::default(),
                 entitlement: [0; 2],
-                dedup_isolated: false,
+                weight_sum: [0; 2],
+                share: Arc::new(VmShare::default()),
+                next_pool: 1,
+                max_pools: self.shared.max_pools_per_vm,
+                dedup_group: None,
             },
         );
         self.shared.recompute(&mut tree);
         Ok(())
     }
 
-    /// Removes a VM and destroys all its pools.
+    /// Removes a VM and destroys all its pools, in one pass: the cost grows with this VM's pools and
+    /// pages and the number of VMs, never with other VMs' pools.
     pub fn remove_vm(&self, vm: VmId) -> Result<(), CacheError> {
-        let pools: Vec<PoolId> = {
-            let tree = self.shared.tree.read();
-            let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
-            node.pools.keys().copied().collect()
-        };
-        for p in pools {
-            // A concurrent destroy of the same pool is fine: it is gone either way.
-            let _ = self.destroy_pool(vm, p);
-        }
         let mut tree = self.shared.tree.write();
-        if let Some(node) = tree.vms.remove(&vm) {
-            let mut retired = node.retired;
-            for p in node.pools.values() {
-                // Pools created after the snapshot above, destroyed here.
-                retired.add(&self.shared.destroy_locked(p));
-            }
-            tree.pool_count -= node.pools.len();
-            tree.retired.add(&retired);
+        let node = tree.vms.remove(&vm).ok_or(CacheError::UnknownVm(vm))?;
+        let mut retired = node.retired;
+        for p in node.pools.values() {
+            retired.add(&self.shared.destroy_locked(p));
         }
+        tree.pool_count -= node.pools.len();
+        tree.retired.add(&retired);
         self.shared.recompute(&mut tree);
         drop(tree);
         self.after_reconfigure();
         Ok(())
+    }
+
+    /// Sets a VM's pool quota (host scope). Pools it holds beyond a lowered quota stay; it creates no
+    /// more until it is under it.
+    pub fn set_vm_pool_quota(&self, vm: VmId, max_pools: usize) -> Result<(), CacheError> {
+        if max_pools == 0 || max_pools > u32::MAX as usize {
+            return Err(CacheError::invalid("max_pools", "must be 1 to 2^32 - 1"));
+        }
+        self.shared.tree.write().vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?.max_pools = max_pools;
+        Ok(())
+    }
+
+    /// A VM's pool quota.
+    pub fn vm_pool_quota(&self, vm: VmId) -> Result<usize, CacheError> {
+        Ok(self.shared.tree.read().vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?.max_pools)
     }
 
     pub fn set_vm_weights(&self, vm: VmId, weights: VmWeights) -> Result<(), CacheError> {
@@ -328,16 +374,26 @@ impl Cache {
         Ok(())
     }
 
-    /// Puts the VM's pages in a de-duplication domain of their own (`true`) or in the shared one. Only
-    /// pages put afterwards are affected; pages already stored keep their frames.
-    pub fn set_vm_dedup_isolated(&self, vm: VmId, isolated: bool) -> Result<(), CacheError> {
+    /// Puts the VM's pages in a de-duplication group shared with the other VMs of that group
+    /// (`Some(group)`, host scope: the administrator accepts that these VMs can learn about each other's
+    /// content, `store::dedup`), or in a domain of its own (`None`, the default). Only pages put
+    /// afterwards are affected; pages already stored keep their frames.
+    pub fn set_vm_dedup_group(&self, vm: VmId, group: Option<u32>) -> Result<(), CacheError> {
         let mut tree = self.shared.tree.write();
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
-        node.dedup_isolated = isolated;
+        node.dedup_group = group;
         for p in node.pools.values() {
-            p.dedup_domain.store(dedup_domain(vm, isolated), Ordering::Relaxed);
+            p.dedup_domain.store(dedup_domain(vm, group), Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// The de-duplication group whose content co-operative de-duplication shares with peers: only its
+    /// pages are offered when evicted, published in the summary and pinned for peers. `None` (the
+    /// default): nothing is shared with peers.
+    pub fn set_coop_group(&self, group: Option<u32>) {
+        let d = group.map_or(NO_DOMAIN, |g| dedup_domain(VmId(0), Some(g)));
+        self.shared.coop_domain.store(d, Ordering::Relaxed);
     }
 
     /// The registered VMs and their weights.
@@ -417,24 +473,32 @@ impl Cache {
     // VM scope: pool lifecycle
     // ------------------------------------------------------------------------------------------
 
-    /// Creates a pool for a container of `vm` (CREATE_CGROUP).
+    /// Creates a pool for a container of `vm` (CREATE_CGROUP). Refused beyond the VM's quota, or when
+    /// the host holds `max_pools`. Costs O(number of VMs), whatever the other VMs' pools.
     pub fn new_pool(&self, vm: VmId, opts: PoolOptions) -> Result<PoolId, CacheError> {
         check_spec(&opts.spec)?;
         let mut tree = self.shared.tree.write();
-        if tree.pool_count >= self.shared.max_pools {
-            return Err(CacheError::TooManyPools(self.shared.max_pools));
-        }
+        let host_full = tree.pool_count >= self.shared.max_pools;
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
-        let id = PoolId(self.shared.next_pool.fetch_add(1, Ordering::Relaxed));
+        if node.pools.len() >= node.max_pools {
+            return Err(CacheError::TooManyPools(node.max_pools));
+        }
+        if host_full {
+            return Err(CacheError::HostPoolLimit);
+        }
+        let id = PoolId(node.next_pool);
+        node.next_pool = node.next_pool.checked_add(1).ok_or(CacheError::TooManyPools(node.max_pools))?;
         let exclusive = match opts.kind {
             PoolKind::Ephemeral => opts.exclusive_gets,
             PoolKind::Persistent => false,
         };
-        let pool = Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive));
-        pool.dedup_domain.store(dedup_domain(vm, node.dedup_isolated), Ordering::Relaxed);
+        let pool =
+            Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive, node.share.clone()));
+        pool.dedup_domain.store(dedup_domain(vm, node.dedup_group), Ordering::Relaxed);
+        node.add_weights(&opts.spec, 1);
         node.pools.insert(id, pool.clone());
         tree.pool_count += 1;
-        self.shared.pools[shard_of(id)].write().insert(id, pool);
+        self.shared.pools[shard_of(vm, id)].write().insert((vm, id), pool);
         self.shared.recompute(&mut tree);
         drop(tree);
         self.after_reconfigure();
@@ -446,6 +510,7 @@ impl Cache {
         let mut tree = self.shared.tree.write();
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownPool(pool))?;
         let p = node.pools.remove(&pool).ok_or(CacheError::UnknownPool(pool))?;
+        node.add_weights(&p.spec.load(), -1);
         let final_counters = self.shared.destroy_locked(&p);
         node.retired.add(&final_counters);
         tree.pool_count -= 1;
@@ -462,7 +527,12 @@ impl Cache {
         let p = self.shared.pool(vm, pool)?;
         {
             let mut tree = self.shared.tree.write();
+            // The pool may have been destroyed since the lookup: then it is no longer in its VM.
+            let node = tree.vms.get_mut(&vm).filter(|n| n.pools.contains_key(&pool));
+            let node = node.ok_or(CacheError::UnknownPool(pool))?;
+            node.add_weights(&p.spec.load(), -1);
             p.spec.store(spec);
+            node.add_weights(&spec, 1);
             self.shared.recompute(&mut tree);
         }
         if p.kind == PoolKind::Ephemeral {
@@ -639,26 +709,29 @@ impl Cache {
 
     pub fn pool_stats(&self, vm: VmId, pool: PoolId) -> Result<PoolStats, CacheError> {
         let p = self.shared.pool(vm, pool)?;
-        Ok(self.shared.pool_stats(&p))
+        let eff = self.shared.effective(&self.shared.tree.read());
+        Ok(self.shared.pool_stats(&p, &eff))
     }
 
     /// GET_STATS for a VM: its pools and totals (including destroyed pools).
     pub fn vm_stats(&self, vm: VmId) -> Result<VmStats, CacheError> {
         let tree = self.shared.tree.read();
         let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
-        Ok(self.shared.vm_stats(vm, node))
+        Ok(self.shared.vm_stats(vm, node, &self.shared.effective(&tree)))
     }
 
     pub fn host_stats(&self) -> HostStats {
         let tree = self.shared.tree.read();
         let settings = self.shared.settings.read().clone();
-        let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n)).collect();
+        let eff = self.shared.effective(&tree);
+        let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n, &eff)).collect();
         let mut totals = tree.retired;
         for v in &vms {
             totals.add(&v.totals);
         }
         for s in StoreKind::ALL {
             totals.store_mut(s).entitlement = self.capacity_pages(s);
+            totals.store_mut(s).effective_entitlement = self.capacity_pages(s);
         }
         HostStats {
             page_size: self.shared.page_size,
@@ -677,6 +750,8 @@ impl Cache {
             totals,
             pins_held: self.pins_held(),
             remote_dedups: self.shared.pins_granted.load(Ordering::Relaxed),
+            group_dedup_hits: self.shared.group_dedup_hits.load(Ordering::Relaxed),
+            group_bytes_saved: self.shared.group_bytes_saved.load(Ordering::Relaxed),
         }
     }
 
@@ -753,26 +828,44 @@ impl Cache {
         Ok(g.take_remote(key, p.exclusive_gets).map(|r| (r, p.exclusive_gets)))
     }
 
-    /// Counts the result of fetching a remotified page for a pool's statistics.
+    /// Forgets every remotified record for which `dead` holds (references to a peer that restarted,
+    /// or that has been unreachable for longer than it keeps pins): they could only miss, and would
+    /// keep counting in `remote_pages`. Walks every pool once (rare: on a peer's epoch change or
+    /// expiry). Returns the records dropped.
+    pub fn drop_dead_remote(&self, dead: &dyn Fn(&RemoteRef) -> bool) -> u64 {
+        let pools: Vec<Arc<Pool>> = self
+            .shared
+            .pools
+            .iter()
+            .flat_map(|shard| shard.read().values().cloned().collect::<Vec<_>>())
+            .collect();
+        pools.iter().map(|p| p.inner.lock().drop_dead_remote(dead)).sum()
+    }
+
+    /// Counts the result of fetching a remotified page for a pool's statistics. A hit turns the get's
+    /// local miss into a hit: `gets_missed` counts only gets that found the page nowhere.
     pub fn record_remote_get(&self, vm: VmId, pool: PoolId, hit: bool) {
         if let Ok(p) = self.shared.pool(vm, pool) {
             let mut g = p.inner.lock();
             if hit {
                 g.counters.remote_gets_hit += 1;
+                g.counters.gets_missed = g.counters.gets_missed.saturating_sub(1);
             } else {
                 g.counters.remote_gets_missed += 1;
             }
         }
     }
 
-    /// A peer's remote compare (Algorithm 4): if a frame of the shared de-dup domain holds exactly
-    /// `data`, takes a reference on it for the peer and returns the pin number.
+    /// A peer's remote compare (Algorithm 4): if a frame of the co-operative group's domain
+    /// ([`Cache::set_coop_group`]) holds exactly `data`, takes a reference on it for the peer and returns
+    /// the pin number.
     pub fn pin(&self, hash: u128, data: &[u8]) -> Option<u64> {
         let idx = self.shared.dedup.as_ref()?;
-        if data.len() != self.shared.page_size || hash_page(data) != hash {
+        let domain = self.shared.coop_domain.load(Ordering::Relaxed);
+        if domain == NO_DOMAIN || data.len() != self.shared.page_size || hash_page(data) != hash {
             return None;
         }
-        let Lookup::Shared(f) = idx.lookup(&self.shared.mem, 0, hash, data) else { return None };
+        let Lookup::Shared(f) = idx.lookup(&self.shared.mem, domain, hash, data) else { return None };
         let pin = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
         self.shared.pins.lock().insert(pin, f);
         self.shared.pins_granted.fetch_add(1, Ordering::Relaxed);
@@ -803,9 +896,14 @@ impl Cache {
         self.shared.pins.lock().len() as u64
     }
 
-    /// Content hashes of the frames of the shared de-dup domain (the summary a daemon publishes).
+    /// Content hashes of the frames of the co-operative group's domain (the summary a daemon
+    /// publishes); none without a co-operative group.
     pub fn content_hashes(&self) -> Vec<u128> {
-        self.shared.dedup.as_ref().map(|idx| idx.hashes(0)).unwrap_or_default()
+        let domain = self.shared.coop_domain.load(Ordering::Relaxed);
+        match (&self.shared.dedup, domain) {
+            (Some(idx), d) if d != NO_DOMAIN => idx.hashes(d),
+            _ => Vec::new(),
+        }
     }
 
     /// Verifies every pool's invariants and the store reservations (tests; takes every lock in turn).
@@ -930,17 +1028,33 @@ impl Drop for Cache {
     }
 }
 
-/// Domain 0 is shared by every VM that does not opt out; an isolated VM's domain is its id + 1.
-fn dedup_domain(vm: VmId, isolated: bool) -> u64 {
-    if isolated {
-        vm.0 as u64 + 1
-    } else {
-        0
+/// First domain of the de-duplication groups (a VM's own domain is its id + 1, below it).
+const GROUP_DOMAINS: u64 = 1 << 33;
+/// No domain (co-operative de-duplication shares nothing).
+const NO_DOMAIN: u64 = u64::MAX;
+
+/// A VM's own domain is its id + 1; a group's is `GROUP_DOMAINS` + the group.
+fn dedup_domain(vm: VmId, group: Option<u32>) -> u64 {
+    match group {
+        None => vm.0 as u64 + 1,
+        Some(g) => GROUP_DOMAINS + g as u64,
     }
 }
 
-fn shard_of(id: PoolId) -> usize {
-    (id.0 as usize).wrapping_mul(0x9E37_79B9) % POOL_SHARDS
+fn shard_of(vm: VmId, id: PoolId) -> usize {
+    ((id.0 as usize) ^ (vm.0 as usize).rotate_left(16)).wrapping_mul(0x9E37_79B9) % POOL_SHARDS
+}
+
+impl VmNode {
+    /// Adds (`sign` 1) or removes (-1) a pool's weights to the VM's sums and publishes them.
+    fn add_weights(&mut self, spec: &Spec, sign: i64) {
+        for s in StoreKind::ALL {
+            let w = spec.weight(s) as u64;
+            let sum = &mut self.weight_sum[s.idx()];
+            *sum = if sign > 0 { *sum + w } else { *sum - w };
+            self.share.weight_sum[s.idx()].store(*sum, Ordering::Relaxed);
+        }
+    }
 }
 
 fn check_weight(field: &str, w: u32) -> Result<(), CacheError> {
@@ -990,38 +1104,29 @@ impl Shared {
 
     /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
     fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
-        match self.pools[shard_of(pool)].read().get(&pool) {
-            Some(p) if p.vm == vm => Ok(p.clone()),
-            _ => Err(CacheError::UnknownPool(pool)),
+        match self.pools[shard_of(vm, pool)].read().get(&(vm, pool)) {
+            Some(p) => Ok(p.clone()),
+            None => Err(CacheError::UnknownPool(pool)),
         }
     }
 
-    /// Recomputes every entitlement from the tree. Called with the tree write-locked.
+    /// Recomputes every VM's entitlement from the tree (SPEC section 3; `policy::entitlement::compute`
+    /// is the reference it must agree with). Pools derive theirs from their VM's share on read, so this
+    /// costs O(number of VMs) and never walks pools. Called with the tree write-locked.
     fn recompute(&self, tree: &mut Tree) {
-        let shapes: BTreeMap<VmId, VmShape> = tree
-            .vms
-            .iter()
-            .map(|(id, n)| {
-                (
-                    *id,
-                    VmShape {
-                        weights: n.weights,
-                        pools: n.pools.iter().map(|(pid, p)| (*pid, p.spec.load())).collect(),
-                    },
-                )
-            })
-            .collect();
-        let cap = [
-            self.stores[0].capacity.load(Ordering::Relaxed),
-            self.stores[1].capacity.load(Ordering::Relaxed),
-        ];
-        let ent = compute_entitlements(cap, &shapes);
-        for (id, node) in tree.vms.iter_mut() {
-            node.entitlement = ent.vm[id];
-            for (pid, p) in &node.pools {
-                for s in StoreKind::ALL {
-                    p.entitlement[s.idx()].store(ent.pool[pid][s.idx()], Ordering::Relaxed);
-                }
+        for s in StoreKind::ALL {
+            let i = s.idx();
+            let cap = self.stores[i].capacity.load(Ordering::Relaxed) as u128;
+            let uses = |n: &VmNode| n.weights.get(s) > 0 && n.weight_sum[i] > 0;
+            let vm_sum: u128 = tree.vms.values().filter(|n| uses(n)).map(|n| n.weights.get(s) as u128).sum();
+            for node in tree.vms.values_mut() {
+                let ent = if uses(node) && vm_sum > 0 {
+                    (cap * node.weights.get(s) as u128 / vm_sum) as u64
+                } else {
+                    0
+                };
+                node.entitlement[i] = ent;
+                node.share.entitlement[i].store(ent, Ordering::Relaxed);
             }
         }
     }
@@ -1029,7 +1134,7 @@ impl Shared {
     /// Marks a pool dead, drops every page (counted as flushes) and returns its final counters. Called
     /// with the tree write-locked; removes the pool from the table.
     fn destroy_locked(&self, p: &Arc<Pool>) -> Counters {
-        self.pools[shard_of(p.id)].write().remove(&p.id);
+        self.pools[shard_of(p.vm, p.id)].write().remove(&(p.vm, p.id));
         p.destroyed.store(true, Ordering::Release);
         let (locs, counters) = {
             let mut g = p.inner.lock();
@@ -1129,7 +1234,8 @@ impl Shared {
             StoreKind::Mem => self.store_in_memory(p, data),
             StoreKind::Ssd => {
                 let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
-                if !self.reserve(tier, p) {
+                // A failing disk (its last write failed) takes no new pages but probes: refused, not lost.
+                if !ssd.accepting() || !self.reserve(tier, p) {
                     None
                 } else if let Some(slot) = ssd.alloc() {
                     ssd.write(slot, data);
@@ -1149,6 +1255,18 @@ impl Shared {
     /// Places a page's bytes in the memory store: shared with an equal page (de-duplication), in half a
     /// frame (compression), or in a frame of its own. Returns the location and the bytes saved, or `None`
     /// when there is no room.
+    /// What a de-dup hit in `domain` saves the pool's statistics: the whole page in a VM's own domain;
+    /// nothing in a group's (counted in host scope instead: the match may be with another VM's page).
+    fn dedup_saving(&self, domain: u64) -> Saving {
+        let ps = self.page_size as u64;
+        if domain >= GROUP_DOMAINS {
+            self.group_dedup_hits.fetch_add(1, Ordering::Relaxed);
+            self.group_bytes_saved.fetch_add(ps, Ordering::Relaxed);
+            return Saving::default();
+        }
+        Saving { dedup_hit: true, bytes: ps }
+    }
+
     fn store_in_memory(&self, p: &Pool, data: &[u8]) -> Option<(Loc, Saving)> {
         let ps = self.page_size as u64;
         // 1. An equal page already stored is shared instead of copied.
@@ -1157,7 +1275,7 @@ impl Shared {
                 let domain = p.dedup_domain.load(Ordering::Relaxed);
                 let hash = hash_page(data);
                 if let Lookup::Shared(f) = idx.lookup(&self.mem, domain, hash, data) {
-                    return Some((Loc::Mem(f), Saving { dedup_hit: true, bytes: ps }));
+                    return Some((Loc::Mem(f), self.dedup_saving(domain)));
                 }
                 Some((idx, domain, hash))
             }
@@ -1190,7 +1308,7 @@ impl Shared {
                     self.stores[0].release(1);
                 }
                 place = used;
-                return Some((Loc::Mem(place), Saving { dedup_hit: true, bytes: ps }));
+                return Some((Loc::Mem(place), self.dedup_saving(domain)));
             }
         }
         Some((Loc::Mem(place), Saving { dedup_hit: false, bytes: saved }))
@@ -1382,7 +1500,14 @@ impl Shared {
         let mut locs = Vec::new();
         // Memory pages offered for remotification: (key, token, frame).
         let mut offers = Vec::new();
-        let sink = self.sink.get().filter(|_| store == StoreKind::Mem);
+        // Only pages of the co-operative group are offered to peers (the rule of SPEC section 6 across
+        // hosts: content leaves a VM's domain only where the administrator said so).
+        let coop = self.coop_domain.load(Ordering::Relaxed);
+        let sink = self
+            .sink
+            .get()
+            .filter(|_| store == StoreKind::Mem && coop != NO_DOMAIN)
+            .filter(|_| p.dedup_domain.load(Ordering::Relaxed) == coop);
         {
             let mut g = p.inner.lock();
             while ((locs.len() + offers.len()) as u64) < n {
@@ -1535,6 +1660,7 @@ impl Shared {
         c.exclusive_gets -= 1;
         c.evictions += 1;
         g.counters.gets_missed += 1;
+        g.counters.pages_lost += 1;
         p.publish(&g);
     }
 
@@ -1572,6 +1698,7 @@ impl Shared {
                     // The entry is intact but its slot cannot be read: drop it.
                     let e = g.remove(id, Departure::Evict);
                     g.counters.gets_missed += 1;
+                    g.counters.pages_lost += 1;
                     p.publish(&g);
                     drop(g);
                     self.free_locs(&[e.loc]);
@@ -1742,7 +1869,7 @@ impl Shared {
             // 2. Write them to fresh SSD slots outside the lock.
             let mut staged = Vec::with_capacity(picked.len());
             for (i, (key, version)) in picked.iter().enumerate() {
-                if !self.reserve(StoreKind::Ssd, p) {
+                if !ssd.accepting() || !self.reserve(StoreKind::Ssd, p) {
                     break;
                 }
                 let Some(slot) = ssd.alloc() else {
@@ -1857,10 +1984,39 @@ impl Shared {
     // Statistics
     // --------------------------------------------------------------------------------------------
 
-    fn pool_stats(&self, p: &Pool) -> PoolStats {
+    /// Effective entitlements of every VM and pool, per store (`policy::effective`), from the tree's
+    /// use and static entitlements now. Called with the tree locked (read); O(pools).
+    fn effective(&self, tree: &Tree) -> [Effective; 2] {
+        let batch = self.settings.read().batch_pages;
+        StoreKind::ALL.map(|s| {
+            let vms: Vec<VmUse> = tree
+                .vms
+                .iter()
+                .map(|(id, n)| VmUse {
+                    vm: *id,
+                    weight: n.weights.get(s) as u64,
+                    entitlement: n.entitlement[s.idx()],
+                    pools: n
+                        .pools
+                        .iter()
+                        .map(|(pid, p)| {
+                            let spec = p.spec.load();
+                            let w = if spec.uses(s) { spec.weight(s) as u64 } else { 0 };
+                            (*pid, w, p.used(s))
+                        })
+                        .collect(),
+                })
+                .collect();
+            effective::compute(&vms, batch)
+        })
+    }
+
+    fn pool_stats(&self, p: &Pool, eff: &[Effective; 2]) -> PoolStats {
         let mut counters = p.inner.lock().counters;
         for s in StoreKind::ALL {
             counters.store_mut(s).entitlement = p.entitlement(s);
+            counters.store_mut(s).effective_entitlement =
+                eff[s.idx()].pool.get(&(p.vm, p.id)).copied().unwrap_or(0);
         }
         PoolStats {
             pool: p.id,
@@ -1873,14 +2029,15 @@ impl Shared {
         }
     }
 
-    fn vm_stats(&self, vm: VmId, node: &VmNode) -> VmStats {
-        let pools: Vec<PoolStats> = node.pools.values().map(|p| self.pool_stats(p)).collect();
+    fn vm_stats(&self, vm: VmId, node: &VmNode, eff: &[Effective; 2]) -> VmStats {
+        let pools: Vec<PoolStats> = node.pools.values().map(|p| self.pool_stats(p, eff)).collect();
         let mut totals = node.retired;
         for p in &pools {
             totals.add(&p.counters);
         }
         for s in StoreKind::ALL {
             totals.store_mut(s).entitlement = node.entitlement[s.idx()];
+            totals.store_mut(s).effective_entitlement = eff[s.idx()].vm.get(&vm).copied().unwrap_or(0);
         }
         VmStats { vm, weights: node.weights, pools, totals, pools_omitted: 0 }
     }

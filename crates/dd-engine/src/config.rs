@@ -88,8 +88,11 @@ impl MemStoreConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct SsdStoreConfig {
     /// The backing file (created if missing; its old contents are never served). Default
-    /// `./dd-data/ssd-store.bin`.
+    /// `./dd-data/ssd-store.bin`. With `scratch`, the directory the unnamed file is created in.
     pub path: PathBuf,
+    /// The file has no name (`O_TMPFILE`, or unlinked as soon as it is open): no exit, a crash or SIGKILL
+    /// included, leaves it behind. Default false (a named file the operator can see).
+    pub scratch: bool,
     /// Capacity of the SSD store. Default 1 GiB.
     pub capacity_bytes: u64,
     pub direct_io: DirectIo,
@@ -102,6 +105,7 @@ impl Default for SsdStoreConfig {
     fn default() -> Self {
         SsdStoreConfig {
             path: PathBuf::from("dd-data/ssd-store.bin"),
+            scratch: false,
             capacity_bytes: GIB,
             direct_io: DirectIo::Auto,
             io_backend: IoBackend::Auto,
@@ -151,8 +155,16 @@ pub struct EngineConfig {
     pub maintenance_interval_ms: u64,
     /// Largest batch a single batched call may carry. Default 256 pages.
     pub max_batch_pages: usize,
-    /// Most pools the cache will hold. Default 65 536.
+    /// Most pools the cache will hold, all VMs together. Default 65 536.
     pub max_pools: usize,
+    /// Most pools one VM may hold (its quota; the host administrator can set another per VM, see
+    /// [`crate::Cache::set_vm_pool_quota`]). Default 1024.
+    #[serde(default = "default_max_pools_per_vm")]
+    pub max_pools_per_vm: usize,
+}
+
+fn default_max_pools_per_vm() -> usize {
+    1024
 }
 
 impl Default for EngineConfig {
@@ -168,6 +180,7 @@ impl Default for EngineConfig {
             maintenance_interval_ms: 10,
             max_batch_pages: 256,
             max_pools: 65_536,
+            max_pools_per_vm: default_max_pools_per_vm(),
         }
     }
 }
@@ -217,6 +230,9 @@ impl EngineConfig {
         }
         if self.max_pools == 0 {
             return Err(CacheError::invalid("max_pools", "must be at least 1"));
+        }
+        if self.max_pools_per_vm == 0 || self.max_pools_per_vm > u32::MAX as usize {
+            return Err(CacheError::invalid("max_pools_per_vm", "must be 1 to 2^32 - 1"));
         }
         Ok(())
     }

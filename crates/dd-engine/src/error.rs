@@ -38,9 +38,14 @@ pub enum CacheError {
     /// An I/O error of the SSD store (opening, growing). Page-level I/O errors surface as misses.
     #[error("store i/o error: {0}")]
     Io(String),
-    /// The pool limit per VM or per host was reached.
-    #[error("too many pools (limit {0})")]
+    /// The VM holds as many pools as its quota allows (the quota is the VM's own: it says nothing about
+    /// other VMs).
+    #[error("too many pools: this VM's quota is {0}")]
     TooManyPools(usize),
+    /// The host holds as many pools as it may (all VMs together). No number: it would tell one VM how
+    /// many pools the others hold.
+    #[error("too many pools: the host's pool limit is reached")]
+    HostPoolLimit,
 }
 
 impl CacheError {
@@ -56,7 +61,7 @@ impl CacheError {
             CacheError::StoreUnavailable(_) => 16,
             CacheError::PoolKindMismatch(..) => 17,
             CacheError::Io(_) => 18,
-            CacheError::TooManyPools(_) => 19,
+            CacheError::TooManyPools(_) | CacheError::HostPoolLimit => 19,
         }
     }
 
@@ -72,7 +77,7 @@ impl CacheError {
             CacheError::StoreUnavailable(_) => "store_unavailable",
             CacheError::PoolKindMismatch(..) => "pool_kind_mismatch",
             CacheError::Io(_) => "io_error",
-            CacheError::TooManyPools(_) => "too_many_pools",
+            CacheError::TooManyPools(_) | CacheError::HostPoolLimit => "too_many_pools",
         }
     }
 

@@ -24,6 +24,7 @@ use crate::types::{EvictionOrder, Key, PoolId, PoolKind, Spec, StoreKind, VmId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 pub(crate) type Map<K, V> = HashMap<K, V, Hasher>;
@@ -104,6 +105,14 @@ impl AtomicSpec {
 /// The largest weight a spec may carry (weights are packed into 31 bits).
 pub const MAX_WEIGHT: u32 = (1 << 31) - 1;
 
+/// A VM's share, read by its pools without the tree lock: the VM's entitlement per store and the sum of
+/// its pools' weights there. Written under the tree's write lock.
+#[derive(Debug, Default)]
+pub(crate) struct VmShare {
+    pub entitlement: [AtomicU64; 2],
+    pub weight_sum: [AtomicU64; 2],
+}
+
 pub(crate) struct Pool {
     pub id: PoolId,
     pub vm: VmId,
@@ -116,8 +125,9 @@ pub(crate) struct Pool {
     pub used: [AtomicU64; 2],
     /// De-duplication domain of new puts (`store::dedup`): 0 = shared, otherwise private to the VM.
     pub dedup_domain: AtomicU64,
-    /// Entitlement per store in pages, set when the partition is recomputed.
-    pub entitlement: [AtomicU64; 2],
+    /// The VM's share, from which the pool's entitlement is derived on read (so that recomputing the
+    /// partition never walks other VMs' pools).
+    pub share: Arc<VmShare>,
     /// Set by destroy (before `inner.dead`): handles check it without taking the lock.
     pub destroyed: std::sync::atomic::AtomicBool,
 }
@@ -149,6 +159,7 @@ impl Pool {
         spec: Spec,
         order: EvictionOrder,
         exclusive: bool,
+        share: Arc<VmShare>,
     ) -> Self {
         Pool {
             id,
@@ -170,7 +181,7 @@ impl Pool {
             }),
             used: [AtomicU64::new(0), AtomicU64::new(0)],
             dedup_domain: AtomicU64::new(0),
-            entitlement: [AtomicU64::new(0), AtomicU64::new(0)],
+            share,
             destroyed: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -178,8 +189,16 @@ impl Pool {
     pub fn used(&self, s: StoreKind) -> u64 {
         self.used[s.idx()].load(Ordering::Relaxed)
     }
+    /// The pool's entitlement in `s`: its VM's entitlement x its weight / the sum of the weights of the
+    /// VM's pools there (SPEC section 3), as `policy::entitlement::compute` has it.
     pub fn entitlement(&self, s: StoreKind) -> u64 {
-        self.entitlement[s.idx()].load(Ordering::Relaxed)
+        let w = self.spec.load().weight(s) as u128;
+        let sum = self.share.weight_sum[s.idx()].load(Ordering::Relaxed) as u128;
+        if w == 0 || sum == 0 {
+            return 0;
+        }
+        let vm = self.share.entitlement[s.idx()].load(Ordering::Relaxed) as u128;
+        (vm * w / sum.max(w)) as u64
     }
     pub fn evictable(&self, s: StoreKind) -> u64 {
         match self.kind {
@@ -411,6 +430,19 @@ impl PoolInner {
         }
     }
 
+    /// Removes the remotified records `dead` says are gone (a peer that restarted or has been
+    /// unreachable past its pin lifetime): they would only ever miss. Their pins are not released
+    /// (the peer dropped them itself). Returns how many went.
+    pub fn drop_dead_remote(&mut self, dead: &dyn Fn(&RemoteRef) -> bool) -> u64 {
+        let mut n = 0;
+        self.remote.retain(|_, pages| {
+            pages.retain(|_, st| !matches!(st, RemoteState::Remote(r) if dead(r) && { n += 1; true }));
+            !pages.is_empty()
+        });
+        self.counters.remote_pages -= n;
+        n
+    }
+
     fn forget(&mut self, st: RemoteState) {
         match st {
             RemoteState::Pending(_) => self.pending_remote -= 1,
@@ -564,6 +596,7 @@ mod tests {
             Spec::Mem { weight: 1 },
             EvictionOrder::Fifo,
             true,
+            Arc::default(),
         );
         let mut g = p.inner.lock();
         assert_eq!(g.insert(Key::new(1, 1), Loc::Mem(FrameId(0)), 1, Arrival::Put), None);

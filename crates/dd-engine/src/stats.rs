@@ -14,7 +14,8 @@
 //! * a migration counts `moved_out` on the source and `moved_in` on the target (same store);
 //! * a demotion counts `moved_out` on the memory store and `moved_in` on the SSD store of the same pool
 //!   (a promotion the reverse), plus the pool-level `demotions` / `promotions`;
-//! * a page lost to an SSD read error counts as an eviction (the cache dropped it) and the get as a miss.
+//! * a page lost to an SSD read error counts as an eviction (the cache dropped it) and the get as a miss,
+//!   and in the pool's `pages_lost`.
 
 use crate::types::StoreKind;
 use serde::{Deserialize, Serialize};
@@ -34,8 +35,14 @@ pub struct StoreCounters {
     pub moved_out: u64,
     /// Pages held now.
     pub used: u64,
-    /// Entitlement in pages (for aggregates: the aggregate's own entitlement, not a sum).
+    /// Static entitlement in pages: the weight share (for aggregates: the aggregate's own entitlement,
+    /// not a sum).
     pub entitlement: u64,
+    /// Effective entitlement in pages: the static one with the shares that under-used VMs or pools
+    /// leave unused lent to the others by weight (`policy::effective`), what the entity may hold now
+    /// without being a victim of Algorithm 1. Like `entitlement`, the aggregate's own, not a sum.
+    #[serde(default)]
+    pub effective_entitlement: u64,
     /// Puts whose content matched an existing frame (de-duplication).
     pub dedup_hits: u64,
     /// Bytes not stored thanks to de-duplication and compression.
@@ -77,7 +84,7 @@ impl StoreCounters {
 pub struct Counters {
     pub mem: StoreCounters,
     pub ssd: StoreCounters,
-    /// Gets that found nothing.
+    /// Gets that found nothing (neither locally nor, for a remotified page, on its peer).
     pub gets_missed: u64,
     /// Puts not stored (pressure, spec `none`, persistent pool full).
     pub puts_refused: u64,
@@ -100,6 +107,11 @@ pub struct Counters {
     /// Remotified gets that failed (peer dead, restarted, timed out, page dropped or wrong hash).
     #[serde(default)]
     pub remote_gets_missed: u64,
+    /// Pages dropped because the SSD could not give them back (a read error, or a background write
+    /// that had failed); each is also counted as an eviction and its get as a miss. In a persistent pool
+    /// this is data the guest was promised: the count makes that loss visible, never silent.
+    #[serde(default)]
+    pub pages_lost: u64,
 }
 
 impl Counters {
@@ -135,6 +147,7 @@ impl Counters {
         self.remote_pages += o.remote_pages;
         self.remote_gets_hit += o.remote_gets_hit;
         self.remote_gets_missed += o.remote_gets_missed;
+        self.pages_lost += o.pages_lost;
     }
 }
 
@@ -188,6 +201,12 @@ pub struct HostStats {
     /// Remote de-duplications: pins ever granted to peers (remote compares that matched).
     #[serde(default)]
     pub remote_dedups: u64,
+    /// De-dup hits of pages in de-duplication groups, and the bytes they saved: host scope only (they
+    /// are not in any pool's counters, which must not reveal a match with another VM's content).
+    #[serde(default)]
+    pub group_dedup_hits: u64,
+    #[serde(default)]
+    pub group_bytes_saved: u64,
 }
 
 #[cfg(test)]

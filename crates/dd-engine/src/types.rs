@@ -81,7 +81,7 @@ pub enum PoolKind {
 }
 
 /// The container spec `<T, W>` of paper 002: which store(s) the pool uses and its relative weight in each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Spec {
     /// Memory store only.
@@ -93,6 +93,27 @@ pub enum Spec {
     Hybrid { mem_weight: u32, ssd_weight: u32 },
     /// No second-chance caching: puts are refused, gets miss.
     None,
+}
+
+impl<'de> Deserialize<'de> for Spec {
+    /// The tagged object form, with no field beyond its type's (issue 12: serde's internally tagged
+    /// unit variant ignored `deny_unknown_fields`, so `{"type": "none", "weight": 5}` was accepted).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Spec, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+        enum Tagged {
+            Mem { weight: u32 },
+            Ssd { weight: u32 },
+            Hybrid { mem_weight: u32, ssd_weight: u32 },
+            None {},
+        }
+        Ok(match Tagged::deserialize(d)? {
+            Tagged::Mem { weight } => Spec::Mem { weight },
+            Tagged::Ssd { weight } => Spec::Ssd { weight },
+            Tagged::Hybrid { mem_weight, ssd_weight } => Spec::Hybrid { mem_weight, ssd_weight },
+            Tagged::None {} => Spec::None,
+        })
+    }
 }
 
 impl Spec {
@@ -121,10 +142,34 @@ impl Spec {
 }
 
 /// Per-store weights of a VM, set by the host administrator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct VmWeights {
     pub mem: u32,
     pub ssd: u32,
+}
+
+impl<'de> Deserialize<'de> for VmWeights {
+    /// An object only (issue 12: the derived impl also took a sequence, `[mem, ssd]`, which the
+    /// admin API's schema does not allow).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<VmWeights, D::Error> {
+        #[derive(Deserialize)]
+        struct Fields {
+            mem: u32,
+            ssd: u32,
+        }
+        struct ObjectOnly;
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = VmWeights;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object {\"mem\": weight, \"ssd\": weight}")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<VmWeights, A::Error> {
+                let f = Fields::deserialize(serde::de::value::MapAccessDeserializer::new(m))?;
+                Ok(VmWeights { mem: f.mem, ssd: f.ssd })
+            }
+        }
+        d.deserialize_map(ObjectOnly)
+    }
 }
 
 impl VmWeights {

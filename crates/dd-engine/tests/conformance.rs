@@ -215,11 +215,17 @@ fn migrate_object_moves_pages_between_pools_of_a_vm() {
 #[test]
 fn pools_are_private_to_their_vm() {
     each(|f| {
+        // Pool ids are numbered per VM: VM 1's second pool has an id VM 2 does not have, and VM 1's
+        // first pool has the same number as VM 2's only pool without being it.
+        let p1 = f.pool(1, PoolKind::Ephemeral);
         let p = f.pool(1, PoolKind::Ephemeral);
         let q = f.pool(2, PoolKind::Ephemeral);
+        assert_eq!(p1, q);
         let k = Key::new(1, 1);
         f.cache.put(VmId(1), p, k, &page(p, k, 1)).unwrap();
+        f.cache.put(VmId(1), p1, k, &page(p1, k, 1)).unwrap();
         let mut out = vec![0u8; PS];
+        assert_eq!(f.cache.get(VmId(2), q, k, &mut out), Ok(false), "VM 2's pool 1 is not VM 1's");
         assert_eq!(f.cache.get(VmId(2), p, k, &mut out), Err(CacheError::UnknownPool(p)));
         assert_eq!(f.cache.put(VmId(2), p, k, &out), Err(CacheError::UnknownPool(p)));
         assert_eq!(f.cache.flush_page(VmId(2), p, k), Err(CacheError::UnknownPool(p)));

@@ -174,3 +174,87 @@ fn shrinking_capacity_evicts_down_to_it() {
     assert_within(&cache, &pools, &[CAP / 4, CAP / 4]);
     assert_identity(&cache);
 }
+
+/// The partition is recomputed incrementally (per VM sums, pools derive theirs on read); it must agree
+/// with the reference `policy::compute_entitlements` after any sequence of control-plane changes.
+#[test]
+fn incremental_entitlements_agree_with_the_reference() {
+    use dd_engine::policy::{compute_entitlements, VmShape};
+    use rand::{Rng, SeedableRng};
+    let cfg = dd_engine::EngineConfig {
+        maintenance: dd_engine::config::Maintenance::Inline,
+        ssd: None,
+        ..Default::default()
+    };
+    let cache = Cache::new(cfg).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let mut pools: Vec<(VmId, PoolId)> = Vec::new();
+    for step in 0..400 {
+        let vm = VmId(rng.gen_range(1..6));
+        let spec = match rng.gen_range(0..4) {
+            0 => Spec::None,
+            1 => Spec::Mem { weight: rng.gen_range(0..50) },
+            2 => Spec::Ssd { weight: rng.gen_range(1..50) },
+            _ => Spec::Hybrid { mem_weight: rng.gen_range(0..9), ssd_weight: rng.gen_range(0..9) },
+        };
+        match rng.gen_range(0..10) {
+            0 => {
+                let _ =
+                    cache.add_vm(vm, VmWeights { mem: rng.gen_range(0..100), ssd: rng.gen_range(0..100) });
+            }
+            1 if step % 7 == 0 => {
+                if cache.remove_vm(vm).is_ok() {
+                    pools.retain(|(v, _)| *v != vm);
+                }
+            }
+            2 => {
+                let _ = cache.set_vm_weights(vm, VmWeights { mem: rng.gen_range(0..100), ssd: 3 });
+            }
+            3 | 4 if !pools.is_empty() => {
+                let (v, p) = pools[rng.gen_range(0..pools.len())];
+                if rng.gen_bool(0.5) {
+                    cache.destroy_pool(v, p).unwrap();
+                    pools.retain(|x| *x != (v, p));
+                } else {
+                    cache.set_spec(v, p, spec).unwrap();
+                }
+            }
+            5 => {
+                let _ = cache.set_capacity(StoreKind::Mem, rng.gen_range(1..64) << 20);
+            }
+            _ => {
+                if let Ok(p) = cache.new_pool(vm, PoolOptions::ephemeral(spec)) {
+                    pools.push((vm, p));
+                }
+            }
+        }
+        let host = cache.host_stats();
+        let shapes = host
+            .vms
+            .iter()
+            .map(|v| {
+                let ps = v.pools.iter().map(|p| (p.pool, p.spec)).collect();
+                (v.vm, VmShape { weights: v.weights, pools: ps })
+            })
+            .collect();
+        let cap = [cache.capacity_pages(StoreKind::Mem), cache.capacity_pages(StoreKind::Ssd)];
+        let want = compute_entitlements(cap, &shapes);
+        for v in &host.vms {
+            for s in StoreKind::ALL {
+                assert_eq!(v.totals.store(s).entitlement, want.vm[&v.vm][s.idx()], "step {step} vm {}", v.vm);
+            }
+            for p in &v.pools {
+                for s in StoreKind::ALL {
+                    let got = p.counters.store(s).entitlement;
+                    assert_eq!(
+                        got,
+                        want.pool[&(v.vm, p.pool)][s.idx()],
+                        "step {step} {} pool {}",
+                        v.vm,
+                        p.pool
+                    );
+                }
+            }
+        }
+    }
+}

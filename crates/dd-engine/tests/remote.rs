@@ -38,7 +38,10 @@ fn cache(frames: u64) -> Cache {
         mem: MemStoreConfig { capacity_bytes: frames * PS as u64, dedup: true, ..Default::default() },
         ..Default::default()
     };
-    Cache::new(cfg).unwrap()
+    let c = Cache::new(cfg).unwrap();
+    // Co-operative de-duplication shares the pages of one de-dup group (the VMs below join it).
+    c.set_coop_group(Some(1));
+    c
 }
 
 fn rref(pin: u64, data: &[u8]) -> RemoteRef {
@@ -52,6 +55,7 @@ fn evicted_unique_pages_are_offered_and_installed_records_invalidate_on_put() {
     assert!(c.set_remote_sink(sink.clone()));
     let vm = VmId(1);
     c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    c.set_vm_dedup_group(vm, Some(1)).unwrap();
     let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
     // Two keys share one frame: evicting one of them offers nothing (the frame stays for the other).
     c.put(vm, pool, Key::new(1, 0), &page(100)).unwrap();
@@ -87,6 +91,7 @@ fn stale_tokens_never_install_and_exclusive_gets_take_the_record() {
     assert!(c.set_remote_sink(sink.clone()));
     let vm = VmId(1);
     c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    c.set_vm_dedup_group(vm, Some(1)).unwrap();
     let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
     for i in 0..6 {
         c.put(vm, pool, Key::new(3, i), &page(10 + i)).unwrap();
@@ -123,6 +128,7 @@ fn pins_keep_a_frame_after_its_last_local_page_is_gone() {
     let c = cache(4);
     let vm = VmId(1);
     c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    c.set_vm_dedup_group(vm, Some(1)).unwrap();
     let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
     let p = page(42);
     let h = xxhash_rust::xxh3::xxh3_128(&p);
@@ -164,6 +170,8 @@ fn remote_records_never_serve_stale_data() {
         assert!(c.set_remote_sink(sink.clone()));
         let vm = VmId(1);
         c.add_vm(vm, VmWeights::equal(1)).unwrap();
+        c.set_vm_dedup_group(vm, Some(1)).unwrap();
+        c.set_vm_dedup_group(vm, Some(1)).unwrap();
         let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
         let mut model: HashMap<Key, Vec<u8>> = HashMap::new();
         // The simulated peer: pin -> bytes it holds for us.
@@ -243,4 +251,22 @@ fn remote_records_never_serve_stale_data() {
     }
     // The run must actually exercise both paths (a test that never served a remote page proves nothing).
     assert!(remote_hits > 100 && local_hits > 100, "remote {remote_hits}, local {local_hits}");
+}
+
+/// Only the pages of the co-operative group leave their VM's domain: a VM in its own domain (the
+/// default) offers nothing when its pages are evicted, and peers can pin nothing of it.
+#[test]
+fn pages_outside_the_coop_group_are_never_offered_or_pinned() {
+    let c = cache(8);
+    let sink = Arc::new(Collect::default());
+    assert!(c.set_remote_sink(sink.clone()));
+    let vm = VmId(1);
+    c.add_vm(vm, VmWeights::equal(1)).unwrap();
+    let p = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+    for i in 0..32 {
+        c.put(vm, p, Key::new(1, i), &page(i)).unwrap();
+    }
+    assert!(sink.offers.lock().is_empty(), "a page outside the coop group was offered");
+    assert_eq!(c.pin(xxhash_rust::xxh3::xxh3_128(&page(31)), &page(31)), None);
+    assert!(c.content_hashes().is_empty());
 }

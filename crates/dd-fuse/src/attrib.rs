@@ -3,8 +3,8 @@
 //! FUSE gives the pid of the calling thread. Its memory cgroup comes from `/proc/PID/cgroup` (the line
 //! of the v1 `memory` controller when `cgroup_parent` is on a v1 hierarchy, the `0::` line on v2); the
 //! container is the first path component below `cgroup_parent`, as `guest watch` names containers. The
-//! container's pool comes from the watcher's state file (container name -> pool), re-read when it
-//! changes. The filesystem never creates pools itself: the watcher owns their lifecycle (D-entry in
+//! container's pool comes from the watcher's state file (container name -> pool, and the daemon
+//! instance the pools belong to), re-read when it changes. The filesystem never creates pools itself: the watcher owns their lifecycle (D-entry in
 //! `docs/decisions.md`).
 //!
 //! Invariants: a process outside `cgroup_parent` (or whose cgroup cannot be read, e.g. it exited) is
@@ -12,8 +12,8 @@
 //! `attribution_refresh_ms` (a process moved between containers is attributed anew after at most that
 //! long) and the pid cache in size. The locks here are leaves: nothing else is taken under them.
 
-use dd_engine::PoolId;
-use dd_guest::watch::Owned;
+use dd_client::PoolRef;
+use dd_guest::watch::StateFile;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -89,7 +89,7 @@ pub fn container_name(parent_rel: &str, cgroup: &str) -> Option<String> {
 struct StateCache {
     checked: Option<Instant>,
     mtime: Option<SystemTime>,
-    pools: BTreeMap<String, PoolId>,
+    pools: BTreeMap<String, PoolRef>,
 }
 
 /// Maps pids to containers and containers to pools.
@@ -138,7 +138,7 @@ impl Attributor {
     }
 
     /// The pool of a container, from the watcher's state file.
-    pub fn pool_of(&self, container: &str) -> Option<PoolId> {
+    pub fn pool_of(&self, container: &str) -> Option<PoolRef> {
         if container == UNATTRIBUTED {
             return None;
         }
@@ -156,27 +156,22 @@ impl Attributor {
     }
 
     /// Every pool the state file names now.
-    pub fn all_pools(&self) -> Vec<PoolId> {
+    pub fn all_pools(&self) -> Vec<PoolRef> {
         read_state(&self.state_file).into_values().collect()
     }
 }
 
-/// The watcher's state file as container -> pool; empty when it is missing or unreadable (the watcher
-/// is not running: no second level).
-pub fn read_state(path: &Path) -> BTreeMap<String, PoolId> {
-    let Ok(text) = std::fs::read(path) else { return BTreeMap::new() };
-    match serde_json::from_slice::<BTreeMap<String, Owned>>(&text) {
-        Ok(m) => m.into_iter().map(|(k, o)| (k, o.pool)).collect(),
-        Err(e) => {
-            tracing::warn!("ignoring state file {}: {e}", path.display());
-            BTreeMap::new()
-        }
-    }
+/// The watcher's state file as container -> pool (with the daemon instance that made it); empty when
+/// it is missing or unreadable (the watcher is not running: no second level).
+pub fn read_state(path: &Path) -> BTreeMap<String, PoolRef> {
+    let Some(st) = StateFile::read(path) else { return BTreeMap::new() };
+    st.pools.into_iter().map(|(k, o)| (k, PoolRef { id: o.pool, instance: st.instance })).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dd_engine::PoolId;
 
     #[test]
     fn proc_cgroup_v1_and_v2() {
@@ -219,11 +214,11 @@ mod tests {
         let p = dir.path().join("s.json");
         std::fs::write(
             &p,
-            r#"{"web":{"pool":7,"spec":{"type":"mem","weight":60},"kind":"ephemeral","path":"/x/web"}}"#,
+            r#"{"version":2,"vm":1,"instance":99,"pools":{"web":{"pool":7,"spec":{"type":"mem","weight":60},"kind":"ephemeral","path":"/x/web"}}}"#,
         )
         .unwrap();
         let a = Attributor::new(None, p.clone(), Duration::from_millis(1));
-        assert_eq!(a.pool_of("web"), Some(PoolId(7)));
+        assert_eq!(a.pool_of("web"), Some(PoolRef { id: PoolId(7), instance: 99 }));
         assert_eq!(a.pool_of("db"), None);
         assert_eq!(a.pool_of(UNATTRIBUTED), None);
         // Without a parent every process is unattributed.

@@ -24,6 +24,23 @@
 //! each read compares under the lock; a change within one timestamp tick that keeps the size is not seen
 //! (documented in README).
 //!
+//! Shared mappings (issue 13). Files are opened `FOPEN_DIRECT_IO`, so `read`/`write` bypass the kernel's
+//! page cache, and the mount asks for `FUSE_DIRECT_IO_ALLOW_MMAP` (Linux 6.6+), so files can be mapped:
+//! a mapping's pages do live in the kernel's page cache. Why the invariant above still holds:
+//! * a page the kernel maps is faulted in by an ordinary READ, served by this frontend like any read
+//!   (first level, pool, backing file, under the object's shared lock);
+//! * a page written through a mapping reaches the mount as a WRITE (write-back at `msync`, `fsync`,
+//!   `close` or the kernel's periodic write-back), which goes through [`Frontend::write`]: backing file
+//!   first, then both levels invalidated, as for any write. Until then the bytes are only in the
+//!   kernel's page, which every mapping of the file on this machine shares (so two containers' mappings,
+//!   sqlite's `-shm` for example, see each other's stores at once);
+//! * the kernel's cached pages of a file are dropped when a `write(2)` through the mount changes them
+//!   (the FUSE side invalidates the written range; a write-back of the kernel's own pages does not), when
+//!   the file is opened (no `FOPEN_KEEP_CACHE`), and when the mount sees a change behind its back (a read
+//!   or write finds a new stamp: [`Frontend::on_change`]). Dropping a dirty page writes it back first, so
+//!   nothing written through a mapping is lost. The documented point for a change made behind the mount:
+//!   an existing mapping shows it once the file has been opened or read through the mount after it.
+//!
 //! Lock order: object lock (at most one held blocking; other objects' locks only by
 //! `try_read_recursive`, which never waits) -> container first-level mutexes, `objects`, `containers`,
 //! an object's small mutexes, the idle-connection list (all leaves). Network I/O happens only under an
@@ -31,11 +48,11 @@
 
 use crate::attrib::{Attributor, ParentCgroup, UNATTRIBUTED};
 use crate::config::{FuseConfig, PAGE_SIZE};
+use crate::daemon::{self, Clients, Stale};
 use crate::level1::{Evicted, Level1};
 use crate::sampling::{page_key, ReadTimes, Sampled};
-use dd_client::{Client, ClientError};
+use dd_client::{ClientError, PoolRef};
 use dd_engine::{Key, PoolId};
-use dd_guest::watch::DaemonConfig;
 use dd_proto::{Request, Response};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::Serialize;
@@ -134,55 +151,23 @@ pub struct ContainerStats {
     pub migrations: u64,
 }
 
-/// Connections to the daemon: idle ones are kept for reuse; one is taken per call, so no lock is held
-/// during network I/O and concurrent FUSE threads use separate connections.
-struct Clients {
-    cfg: DaemonConfig,
-    idle: Mutex<Vec<Client>>,
-    max_batch: usize,
-}
-
-impl Clients {
-    fn connect(cfg: &DaemonConfig) -> Result<Client, ClientError> {
-        match (&cfg.unix_socket, &cfg.tcp) {
-            (Some(p), _) => Client::connect_unix(p, cfg.vm, &cfg.data_token),
-            (None, Some(a)) => Client::connect_tcp(a.as_str(), cfg.vm, &cfg.data_token),
-            (None, None) => Err(ClientError::InvalidArgument("no daemon address".into())),
-        }
-    }
-
-    fn call<T>(&self, mut f: impl FnMut(&mut Client) -> Result<T, ClientError>) -> Result<T, ClientError> {
-        let idle = self.idle.lock().pop();
-        let (mut c, pooled) = match idle {
-            Some(c) => (c, true),
-            None => (Clients::connect(&self.cfg)?, false),
-        };
-        let mut r = f(&mut c);
-        // A pooled connection the daemon closed meanwhile (its idle timeout): once more on a fresh one.
-        // Every call is safe to repeat: puts replace, flushes are idempotent, a repeated get may miss.
-        if pooled && matches!(r, Err(ClientError::Io(_))) {
-            c = Clients::connect(&self.cfg)?;
-            r = f(&mut c);
-        }
-        // A connection that failed below the protocol may be mid-frame: drop it, reconnect next time.
-        if matches!(&r, Ok(_) | Err(ClientError::Server { .. })) && c.outstanding() == 0 {
-            self.idle.lock().push(c);
-        }
-        r
-    }
-}
-
 pub struct Frontend {
     cfg: FuseConfig,
     attrib: Attributor,
     containers: RwLock<HashMap<String, Arc<Container>>>,
     objects: Mutex<HashMap<u64, Arc<Object>>>,
     clients: Option<Clients>,
-    /// Pools whose flush failed at the transport: they may hold stale pages, so this mount never gets
-    /// from (or puts to) them again.
-    poisoned: Mutex<BTreeSet<u32>>,
+    /// Objects whose flush did not reach the daemon: while any is left, no pool is used (`daemon`).
+    stale: Mutex<Stale>,
     latency: Duration,
+    /// Told `(object, offset, length)` (length 0: to the end) when the mount sees that a backing file
+    /// changed behind its back. The FUSE side drops the kernel's cached pages of the file, which is what
+    /// keeps shared mappings coherent with such changes (see the module documentation).
+    kernel_cache: std::sync::OnceLock<KernelCacheHook>,
 }
+
+/// See [`Frontend::on_change`].
+pub type KernelCacheHook = Box<dyn Fn(u64, i64, i64) + Send + Sync>;
 
 fn page_box(b: &[u8]) -> Box<[u8]> {
     b.to_vec().into_boxed_slice()
@@ -196,11 +181,7 @@ impl Frontend {
             None => None,
         };
         let clients = match &cfg.daemon {
-            Some(d) => {
-                let c = Clients::connect(d)?;
-                let max_batch = c.info().max_batch.max(1);
-                Some(Clients { cfg: d.clone(), idle: Mutex::new(vec![c]), max_batch })
-            }
+            Some(d) => Some(Clients::connect(d)?),
             None => None,
         };
         let attrib = Attributor::new(
@@ -215,8 +196,20 @@ impl Frontend {
             containers: RwLock::new(HashMap::new()),
             objects: Mutex::new(HashMap::new()),
             clients,
-            poisoned: Mutex::new(BTreeSet::new()),
+            stale: Mutex::new(Stale::default()),
+            kernel_cache: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets the hook told of every change of a backing file's bytes (once; later calls are ignored).
+    pub fn on_change(&self, hook: KernelCacheHook) {
+        let _ = self.kernel_cache.set(hook);
+    }
+
+    fn changed(&self, obj: &Object, offset: u64, len: u64) {
+        if let Some(h) = self.kernel_cache.get() {
+            h(obj.id, offset.min(i64::MAX as u64) as i64, len.min(i64::MAX as u64) as i64);
+        }
     }
 
     /// The container of a calling process.
@@ -235,7 +228,9 @@ impl Frontend {
             .or_insert_with(|| {
                 let s = &self.cfg.sampling;
                 // A seed per container name, so two containers' samples are independent.
-                let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+                let seed = name
+                    .bytes()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
                 Arc::new(Container {
                     name: name.to_string(),
                     l1: Mutex::new(Level1::new(self.cfg.budget_pages(name))),
@@ -247,10 +242,23 @@ impl Frontend {
             .clone()
     }
 
-    fn pool(&self, c: &Container) -> Option<PoolId> {
-        self.clients.as_ref()?;
+    /// The pool a container's pages go to and come from, if the second level may be used now: the
+    /// watcher published one, the daemon is not known to be away (back-off), and no flush is
+    /// outstanding (`daemon::Stale`). A pool of another instance than the one last reached is not
+    /// refused here: either the watcher has not caught up with a restart (the call is then refused
+    /// without I/O, `ClientError::PoolLost`), or the daemon restarted and this mount has not noticed yet
+    /// (its connections are dead): only a call finds that out, and it reconnects.
+    fn pool(&self, c: &Container) -> Option<PoolRef> {
+        let cl = self.clients.as_ref()?;
         let p = self.attrib.pool_of(&c.name)?;
-        (!self.poisoned.lock().contains(&p.0)).then_some(p)
+        if !cl.ready() {
+            return None;
+        }
+        let pools_of = |o: u64| -> Vec<u32> {
+            let obj = self.objects.lock().get(&o).cloned();
+            obj.map_or_else(Vec::new, |obj| obj.pools.lock().iter().copied().collect())
+        };
+        daemon::recover(&self.stale, cl, pools_of).then_some(p)
     }
 
     /// The state of a backing object (created on first use; kept for the life of the mount so that one
@@ -263,7 +271,7 @@ impl Frontend {
         // Pools of an earlier mount (or a crashed one) may hold pages of this inode: the first read
         // finds no stamp, revalidates, and so flushes it from every pool known now.
         let pools = match &self.clients {
-            Some(_) => self.attrib.all_pools().into_iter().map(|p| p.0).collect(),
+            Some(_) => self.attrib.all_pools().into_iter().map(|p| p.id.0).collect(),
             None => BTreeSet::new(),
         };
         let o = Arc::new(Object {
@@ -300,10 +308,15 @@ impl Frontend {
             let _w = obj.lock.write();
             let m = file.metadata()?;
             let stamp = Stamp::of(&m);
-            if *obj.stamp.lock() != Some(stamp) {
+            let known = *obj.stamp.lock();
+            if known != Some(stamp) {
                 obj.generation.fetch_add(1, Ordering::AcqRel);
                 self.invalidate_locked(obj, None);
                 *obj.stamp.lock() = Some(stamp);
+                if known.is_some() {
+                    // Changed behind the mount's back: mapped pages in the kernel are stale too.
+                    self.changed(obj, 0, 0);
+                }
             }
             let prev = obj.owner.lock().replace(c.clone());
             if let Some(prev) = prev.filter(|p| !Arc::ptr_eq(p, c)) {
@@ -322,13 +335,15 @@ impl Frontend {
     ) {
         let pages = from.l1.lock().take_object(obj.id);
         if let (Some(src), Some(dst), Some(cl)) = (self.pool(from), self.pool(to), &self.clients) {
-            if src != dst {
-                match cl.call(|c| c.migrate_object(src, dst, obj.id)) {
-                    Ok(_) => {
-                        obj.pools.lock().insert(dst.0);
-                    }
+            if src.id != dst.id && src.instance == dst.instance {
+                obj.pools.lock().insert(dst.id.0);
+                match cl.on_pool(src, |c, s| c.migrate_object(s, dst.id, obj.id)) {
+                    Ok(_) => {}
                     // The pages stay where they were, still listed in `pools`: coherent, just not moved.
-                    Err(e) => tracing::warn!("migrating object {} from pool {src} to {dst}: {e}", obj.id),
+                    Err(e) if daemon::quiet(&e) => {}
+                    Err(e) => {
+                        tracing::warn!("migrating object {} from pool {} to {}: {e}", obj.id, src.id, dst.id)
+                    }
                 }
             }
         }
@@ -383,12 +398,14 @@ impl Frontend {
                 Err(ClientError::Server { .. }) => {
                     obj.pools.lock().remove(&p);
                 }
+                // Not reached (the daemon is away, or the connection broke): the pool may still hold old
+                // pages of the object. The link logs the loss; no pool is used until they are flushed or
+                // the pool turns out to be gone with a restarted daemon (`daemon::recover`).
                 Err(e) => {
-                    tracing::warn!(
-                        "flushing object {} from pool {p} failed ({e}): not using the pool again",
-                        obj.id
-                    );
-                    self.poisoned.lock().insert(p);
+                    if !daemon::quiet(&e) {
+                        tracing::warn!("flushing object {} from pool {p}: {e}", obj.id);
+                    }
+                    self.stale.lock().add(cl.link().instance(), obj.id);
                 }
             }
         }
@@ -456,7 +473,7 @@ impl Frontend {
                     chunk.iter().map(|&i| Key { object: obj.id, index: first + i as u64 }).collect();
                 let mut pages = vec![0u8; chunk.len() * PAGE_SIZE];
                 let asked = Instant::now();
-                let got = cl.call(|cc| cc.get_batch(pool, &keys, &mut pages));
+                let got = cl.on_pool(pool, |cc, id| cc.get_batch(id, &keys, &mut pages));
                 ReadTimes::add(&c.times.pool_ns, asked.elapsed().as_nanos() as u64);
                 ReadTimes::add(&c.times.pool_pages, chunk.len() as u64);
                 match got {
@@ -470,7 +487,9 @@ impl Frontend {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!("get from pool {pool}: {e}");
+                        if !daemon::quiet(&e) {
+                            tracing::warn!("get from pool {}: {e}", pool.id);
+                        }
                         still.extend_from_slice(chunk);
                     }
                 }
@@ -544,13 +563,18 @@ impl Frontend {
             if valid.is_empty() {
                 continue;
             }
-            obj.pools.lock().insert(pool.0);
+            obj.pools.lock().insert(pool.id.0);
             for chunk in valid.chunks(cl.max_batch) {
-                match cl.call(|cc| cc.put_batch(pool, chunk)) {
+                match cl.on_pool(pool, |cc, id| cc.put_batch(id, chunk)) {
                     Ok(_) => {
                         c.counters.puts.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     }
-                    Err(e) => tracing::warn!("put to pool {pool}: {e}"),
+                    Err(e) => {
+                        c.counters.puts_dropped.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                        if !daemon::quiet(&e) {
+                            tracing::warn!("put to pool {}: {e}", pool.id);
+                        }
+                    }
                 }
             }
         }
@@ -569,9 +593,13 @@ impl Frontend {
         let _w = obj.lock.write();
         // A change behind the mount's back since the last read must not be blessed by this write's stamp.
         let before = Stamp::of(&file.metadata()?);
-        if *obj.stamp.lock() != Some(before) {
+        let known = *obj.stamp.lock();
+        if known != Some(before) {
             obj.generation.fetch_add(1, Ordering::AcqRel);
             self.invalidate_locked(obj, None);
+            if known.is_some() {
+                self.changed(obj, 0, 0);
+            }
         }
         let n = file.write_at(data, offset)?;
         let m = file.metadata()?;
@@ -639,7 +667,7 @@ impl Frontend {
                 let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
                 ContainerStats {
                     name: c.name.clone(),
-                    pool: if c.name == UNATTRIBUTED { None } else { self.pool(c).map(|p| p.0) },
+                    pool: if c.name == UNATTRIBUTED { None } else { self.pool(c).map(|p| p.id.0) },
                     l1_budget_pages: l1.budget(),
                     l1_pages: l1.len(),
                     l1_hits: r(&c.counters.l1_hits),

@@ -5,9 +5,12 @@
 //! backing `(device, inode)`), open file handles (backing `File`, its [`Object`], the opener's
 //! container) and directory listings of open directories.
 //!
-//! Every open file is opened `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of its own for it:
-//! the first-level caches of the frontend are the containers' page caches, and every read reaches them
-//! (consequence: files on the mount cannot be `mmap`ed, so programs cannot be executed from it).
+//! Every open file is opened `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of its own for
+//! `read`/`write`: the first-level caches of the frontend are the containers' page caches, and every read
+//! reaches them. Mappings are allowed (`FUSE_DIRECT_IO_ALLOW_MMAP`, Linux 6.6+): a mapped file's pages
+//! live in the kernel's page cache, faulted in through the frontend and written back through it; how
+//! they stay coherent is argued in `frontend.rs` ("Shared mappings"). Extended attributes and special
+//! nodes pass through to the backing directory (`passthrough`); ioctls are answered `ENOTTY`, quietly.
 //! Attributes and entries are given a zero TTL, so the kernel asks again each time and sizes changed by
 //! other processes or behind the mount's back are seen at once.
 //!
@@ -18,10 +21,12 @@
 
 use crate::config::FuseConfig;
 use crate::frontend::{Container, ContainerStats, Frontend, FrontendError, Object};
+use crate::passthrough::{self, KernelCache, Xattr};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
-    MountOption, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, MountOption, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL,
+    TimeOrNow, WriteFlags,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -70,7 +75,10 @@ struct Handle {
 pub struct DdFs {
     backing: PathBuf,
     fe: Arc<Frontend>,
-    inodes: RwLock<Inodes>,
+    /// Shared with the frontend's change hook, which maps backing files to FUSE inodes.
+    inodes: Arc<RwLock<Inodes>>,
+    /// Set once the session exists (its notifier is what sends invalidations).
+    kernel: Arc<std::sync::OnceLock<KernelCache>>,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
@@ -118,7 +126,8 @@ impl DdFs {
         DdFs {
             backing,
             fe,
-            inodes: RwLock::new(Inodes { paths, by_backing: HashMap::new(), next: ROOT + 1 }),
+            inodes: Arc::new(RwLock::new(Inodes { paths, by_backing: HashMap::new(), next: ROOT + 1 })),
+            kernel: Arc::new(std::sync::OnceLock::new()),
             handles: RwLock::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -242,7 +251,12 @@ impl DdFs {
 }
 
 impl Filesystem for DdFs {
-    fn init(&mut self, _req: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            tracing::info!(
+                "the kernel lacks {missing:?} (Linux 6.6+): files on the mount cannot be mapped shared"
+            );
+        }
         Ok(())
     }
 
@@ -517,11 +531,11 @@ impl Filesystem for DdFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
@@ -531,7 +545,17 @@ impl Filesystem for DdFs {
             Err(e) => return reply.error(e),
         };
         match self.fe.write(&h.obj, &h.file, offset, data, h.append) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                reply.written(n as u32);
+                // A write(2) through the mount makes the kernel's mapped pages of the range stale; a
+                // write-back of those very pages (FUSE_WRITE_CACHE) does not.
+                if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+                    if let Some(k) = self.kernel.get() {
+                        let (off, len) = if h.append { (0, 0) } else { (offset as i64, n as i64) };
+                        k.invalidate(ino.0, off, len);
+                    }
+                }
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -637,13 +661,73 @@ impl Filesystem for DdFs {
         reply.ok();
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
-        // Extended attributes are not served; ENOSYS tells the kernel not to ask again.
-        reply.error(Errno::ENOSYS);
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: fuser::ReplyXattr) {
+        xattr_reply(self.rel(ino).and_then(|rel| passthrough::get(&self.full(&rel), Some(name), size)), reply)
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
-        reply.error(Errno::ENOSYS);
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        xattr_reply(self.rel(ino).and_then(|rel| passthrough::get(&self.full(&rel), None, size)), reply)
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        match self.rel(ino).and_then(|rel| passthrough::set(&self.full(&rel), name, value, flags)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.rel(ino).and_then(|rel| passthrough::remove(&self.full(&rel), name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let made = self.child(parent, name).and_then(|rel| {
+            let full = self.full(&rel);
+            passthrough::mknod(&full, mode & !umask)?;
+            Self::chown_to_caller(&full, req);
+            self.entry_of(&rel)
+        });
+        match made {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// No ioctl is served: `ENOTTY` ("not a terminal", what `isatty` expects of a file), without a log
+    /// line (Python asks TCGETS of every file it opens).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -667,6 +751,14 @@ impl Filesystem for DdFs {
             st.f_namemax as u32,
             st.f_frsize as u32,
         );
+    }
+}
+
+fn xattr_reply(r: Result<Xattr, Errno>, reply: fuser::ReplyXattr) {
+    match r {
+        Ok(Xattr::Size(n)) => reply.size(n),
+        Ok(Xattr::Data(d)) => reply.data(&d),
+        Err(e) => reply.error(e),
     }
 }
 
@@ -726,8 +818,21 @@ impl Mount {
         // Containers run as any user: everyone may use the mount (permission bits still apply).
         options.acl = SessionACL::All;
         options.n_threads = Some(threads);
-        let session = fuser::Session::new(DdFs::new(backing, fe.clone()), mountpoint, &options)
+        let backing_dev = std::fs::metadata(&backing).map(|m| m.dev()).unwrap_or(0);
+        let fs = DdFs::new(backing, fe.clone());
+        let (inodes, kernel) = (fs.inodes.clone(), fs.kernel.clone());
+        let session = fuser::Session::new(fs, mountpoint, &options)
             .map_err(|source| FuseError::Mount { path: mountpoint.into(), source })?;
+        let kc = KernelCache::start(session.notifier());
+        let _ = kernel.set(kc.clone());
+        // A backing file changed behind the mount: drop the kernel's pages of its FUSE inode (files on
+        // another device below the backing directory are not mapped back; see `frontend.rs`).
+        fe.on_change(Box::new(move |object, offset, len| {
+            let ino = inodes.read().by_backing.get(&(backing_dev, object)).copied();
+            if let Some(ino) = ino {
+                kc.invalidate(ino, offset, len);
+            }
+        }));
         let mountpoint = mountpoint.canonicalize().unwrap_or_else(|_| mountpoint.to_path_buf());
         let publisher = crate::publish::Publisher::start(&sampling, fe.clone());
         Ok(Mount { session, fe, mountpoint, publisher })

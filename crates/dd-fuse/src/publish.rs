@@ -23,7 +23,7 @@ const CURVE_POINTS: usize = 128;
 
 impl Frontend {
     /// What the stats file holds now.
-    pub fn published(&self) -> MountStats {
+    pub fn published(&self, uptime_ms: u64) -> MountStats {
         let stats = self.stats();
         let mut out = Vec::new();
         for c in self.containers() {
@@ -48,7 +48,7 @@ impl Frontend {
                 footprint_pages,
             });
         }
-        MountStats { page_size: PAGE_SIZE, containers: out }
+        MountStats { page_size: PAGE_SIZE, uptime_ms, containers: out }
     }
 
     /// Ages every container's curve.
@@ -62,7 +62,8 @@ impl Frontend {
 
     /// Applies a budgets document (container name -> bytes).
     pub fn apply_budgets(&self, budgets: &BTreeMap<String, u64>) {
-        let current: BTreeMap<String, usize> = self.stats().into_iter().map(|s| (s.name, s.l1_budget_pages)).collect();
+        let current: BTreeMap<String, usize> =
+            self.stats().into_iter().map(|s| (s.name, s.l1_budget_pages)).collect();
         for (name, bytes) in budgets {
             let pages = ((*bytes / PAGE_SIZE as u64) as usize).max(1);
             if current.get(name) != Some(&pages) {
@@ -97,9 +98,11 @@ impl Publisher {
         let thread = std::thread::Builder::new()
             .name("dd-publish".into())
             .spawn(move || {
+                // The counters' clock: they start with the mount, a moment before this thread.
+                let started = std::time::Instant::now();
                 let tick = Duration::from_millis(cfg.publish_interval_ms);
                 while !flag.load(Ordering::Relaxed) {
-                    publish_once(&cfg, &fe);
+                    publish_once(&cfg, &fe, started.elapsed().as_millis() as u64);
                     // Sleep in short steps so that unmounting does not wait a whole interval.
                     let mut left = tick;
                     while !left.is_zero() && !flag.load(Ordering::Relaxed) {
@@ -114,7 +117,7 @@ impl Publisher {
     }
 }
 
-fn publish_once(cfg: &SamplingConfig, fe: &Frontend) {
+fn publish_once(cfg: &SamplingConfig, fe: &Frontend, uptime_ms: u64) {
     if let Some(p) = &cfg.budgets_file {
         match std::fs::read(p) {
             Ok(b) => match serde_json::from_slice::<BTreeMap<String, u64>>(&b) {
@@ -126,7 +129,7 @@ fn publish_once(cfg: &SamplingConfig, fe: &Frontend) {
         }
     }
     if let Some(p) = &cfg.stats_file {
-        let body = serde_json::to_vec(&fe.published()).expect("plain data serialises");
+        let body = serde_json::to_vec(&fe.published(uptime_ms)).expect("plain data serialises");
         if let Err(e) = write_atomically(p, &body) {
             tracing::warn!("stats file {}: {e}", p.display());
         }

@@ -12,8 +12,8 @@
 //! each sampled reference (fixed-size sampling lowers its threshold as keys arrive), and a key it lets
 //! through by a stale threshold is filtered again by the model itself.
 
-use dd_mrc::{Curve, Mrc, Sampler, Shards, Unit};
 pub use dd_guest::mount_stats::ReadTimesSnapshot;
+use dd_mrc::{Curve, Mrc, Sampler, Shards, Unit};
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,7 +33,8 @@ pub struct Sampled {
 impl Sampled {
     /// A model that keeps at most `max_samples` keys; `seed` differs per container.
     pub fn new(max_samples: usize, seed: u64) -> Sampled {
-        let model = Shards::fixed_size_seeded(max_samples.max(1), Unit::Pages, seed).expect("at least one sample");
+        let model =
+            Shards::fixed_size_seeded(max_samples.max(1), Unit::Pages, seed).expect("at least one sample");
         Sampled { filter: RwLock::new(model.sampler()), skipped: AtomicU64::new(0), model: Mutex::new(model) }
     }
 

@@ -13,5 +13,5 @@ pub mod mount_stats;
 pub mod provision;
 pub mod watch;
 
-pub use provision::{GuestProvisioner, ProvisionFileConfig};
+pub use provision::{GuestProvisioner, ProvisionFileConfig, RoundReport};
 pub use watch::{WatchConfig, Watcher};

@@ -39,5 +39,9 @@ pub struct PublishedContainer {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MountStats {
     pub page_size: usize,
+    /// Milliseconds since the mount started when this was published: the clock the counters count on
+    /// (rates are counted from the mount's start, not from whenever the reader started).
+    #[serde(default)]
+    pub uptime_ms: u64,
     pub containers: Vec<PublishedContainer>,
 }

@@ -13,12 +13,22 @@
 //! inotify) keeps the watcher correct on every cgroupfs and catches xattr changes, at the cost of up to
 //! one interval of delay.
 //!
-//! Invariants: the watcher owns exactly the pools in its map; after each round the map holds one pool
-//! per container cgroup present, and the state file (written atomically: temporary file and rename) is
-//! that map. On shutdown ([`Watcher::shutdown`]) every pool it created is destroyed and the state file
-//! removed: nothing is left behind.
+//! Restarts (issue 13). The connection heals itself (`dd_client::Session`: capped exponential back-off
+//! with jitter); a round that cannot reach the daemon changes nothing and says so. Every pool belongs to
+//! the daemon instance that made it (HELLO's instance id, written in the state file): when the watcher
+//! reaches a new instance (the daemon restarted and lost every pool), it creates every container's pool
+//! again with its spec and rewrites the state file. A watcher started again (killed, upgraded) adopts
+//! the pools its predecessor's state file names, if the daemon is still that instance and still holds
+//! them, instead of creating duplicates.
+//!
+//! Invariants: the watcher owns exactly the pools in its map, all of one daemon instance; after each
+//! round that reached the daemon the map holds one pool per container cgroup present, and the state file
+//! (written atomically: temporary file and rename) is that map and instance. On shutdown
+//! ([`Watcher::shutdown`]) every pool it created is destroyed and the state file removed: nothing is
+//! left behind. (A watcher killed between creating a pool and writing the state file leaves that pool
+//! behind, unowned, until the VM's pools are reset; the window is one request.)
 
-use dd_client::Client;
+use dd_client::{BackoffPolicy, ClientError, Endpoint, PoolRef, Session};
 use dd_engine::{PoolId, PoolKind, PoolOptions, Spec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -99,12 +109,19 @@ pub enum WatchError {
 }
 
 impl WatchConfig {
+    /// Reads and validates `path`; the data token is `DD_VM_DATA_TOKEN` when set, else the file's.
     pub fn from_file(path: &Path) -> Result<WatchConfig, WatchError> {
+        WatchConfig::load(path, None)
+    }
+
+    /// Reads and validates `path` with the data token taken, in order, from `token` (a command-line
+    /// flag), `DD_VM_DATA_TOKEN`, or the file (which may then leave it out).
+    pub fn load(path: &Path, token: Option<&str>) -> Result<WatchConfig, WatchError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| WatchError::Read { path: path.into(), source })?;
         let mut cfg: WatchConfig = toml::from_str(&text)
             .map_err(|e| WatchError::Parse { path: path.into(), message: e.to_string() })?;
-        if let Ok(t) = std::env::var("DD_VM_DATA_TOKEN") {
+        if let Some(t) = token.map(str::to_owned).or_else(|| std::env::var("DD_VM_DATA_TOKEN").ok()) {
             cfg.daemon.data_token = t;
         }
         cfg.validate()?;
@@ -125,12 +142,21 @@ impl WatchConfig {
         Ok(())
     }
 
-    pub fn connect(&self) -> Result<Client, WatchError> {
-        Ok(match (&self.daemon.unix_socket, &self.daemon.tcp) {
-            (Some(p), _) => Client::connect_unix(p, self.daemon.vm, &self.daemon.data_token)?,
-            (None, Some(a)) => Client::connect_tcp(a.as_str(), self.daemon.vm, &self.daemon.data_token)?,
-            (None, None) => unreachable!("validate() requires one of them"),
-        })
+    /// Where the daemon is, for `dd_client`'s reconnecting connections.
+    pub fn endpoint(&self) -> Endpoint {
+        self.daemon.endpoint()
+    }
+}
+
+impl DaemonConfig {
+    /// Where the daemon is, for `dd_client`'s reconnecting connections.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            unix_socket: self.unix_socket.clone(),
+            tcp: self.tcp.clone(),
+            vm: self.vm,
+            token: self.data_token.clone(),
+        }
     }
 }
 
@@ -172,31 +198,71 @@ pub struct Owned {
     pub path: PathBuf,
 }
 
+/// Layout version of the state file.
+pub const STATE_VERSION: u32 = 2;
+
+/// The state file: the daemon instance the pools belong to and the cgroup -> pool map. Readers (the
+/// FUSE mount) use a pool only while the daemon they reach is that instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    pub version: u32,
+    pub vm: u32,
+    /// The daemon instance (HELLO's instance id) that made every pool below.
+    pub instance: u64,
+    pub pools: BTreeMap<String, Owned>,
+}
+
+impl StateFile {
+    /// Reads a state file; `None` when it is missing or not a state file of this layout.
+    pub fn read(path: &Path) -> Option<StateFile> {
+        let text = std::fs::read(path).ok()?;
+        match serde_json::from_slice::<StateFile>(&text) {
+            Ok(s) if s.version == STATE_VERSION => Some(s),
+            Ok(s) => {
+                tracing::warn!("ignoring state file {}: layout version {}", path.display(), s.version);
+                None
+            }
+            Err(e) => {
+                tracing::warn!("ignoring state file {}: {e}", path.display());
+                None
+            }
+        }
+    }
+}
+
 /// What a round changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 pub struct RoundChanges {
     pub created: Vec<String>,
     pub respecified: Vec<String>,
     pub destroyed: Vec<String>,
+    /// Pools lost with a daemon restart (a new instance); they are created again in the same round.
+    pub lost: Vec<String>,
+    /// Pools taken over from the state file of an earlier watcher (same daemon instance).
+    pub adopted: Vec<String>,
+    /// The daemon could not be reached: nothing was changed on it this round.
+    pub away: bool,
 }
 
 pub struct Watcher {
     cfg: WatchConfig,
-    client: Client,
+    session: Session,
     owned: BTreeMap<String, Owned>,
-    /// When the connection last carried a request: a round after a quiet minute pings first, so the
-    /// daemon's idle timeout (`limits.idle_timeout_ms`) never closes a watcher that is merely waiting.
-    last_request: std::time::Instant,
+    /// The daemon instance the owned pools belong to (`None` before the first connection).
+    instance: Option<u64>,
+    /// The state file an earlier watcher left, to adopt its pools if the daemon is the same instance.
+    adopt: Option<StateFile>,
 }
 
-/// A quiet connection is pinged after this long (well under the daemon's default idle timeout).
-const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Watcher {
+    /// A watcher; it connects in its first round (a daemon that is not up yet is waited for). An
+    /// earlier watcher's state file (same VM) is kept to adopt its pools.
     pub fn new(cfg: WatchConfig) -> Result<Watcher, WatchError> {
         cfg.validate()?;
-        let client = cfg.connect()?;
-        Ok(Watcher { cfg, client, owned: BTreeMap::new(), last_request: std::time::Instant::now() })
+        let session = Session::new(cfg.endpoint(), BackoffPolicy::default(), "guest watch");
+        let adopt = StateFile::read(&cfg.state_file).filter(|s| s.vm == cfg.daemon.vm);
+        Ok(Watcher { cfg, session, owned: BTreeMap::new(), instance: None, adopt })
     }
 
     pub fn config(&self) -> &WatchConfig {
@@ -208,6 +274,11 @@ impl Watcher {
         &self.owned
     }
 
+    /// The daemon instance the pools belong to.
+    pub fn instance(&self) -> Option<u64> {
+        self.instance
+    }
+
     fn desired(&self, name: &str, dir: &Path) -> (Spec, PoolKind) {
         let configured = self.cfg.containers.get(name);
         let kind = configured.map_or(PoolKind::Ephemeral, |c| c.kind);
@@ -215,12 +286,13 @@ impl Watcher {
         (spec, kind)
     }
 
-    /// One reconciliation.
+    fn pool_ref(&self, o: &Owned) -> PoolRef {
+        PoolRef { id: o.pool, instance: self.instance.unwrap_or(0) }
+    }
+
+    /// One reconciliation. A daemon that cannot be reached is not an error: the round says `away`, the
+    /// map stays as it is, and a later round catches up (re-creating the pools if the daemon restarted).
     pub fn round(&mut self) -> Result<RoundChanges, WatchError> {
-        if self.last_request.elapsed() >= KEEPALIVE {
-            self.client.ping()?;
-        }
-        self.last_request = std::time::Instant::now();
         let parent = &self.cfg.cgroup_parent;
         let mut present = BTreeMap::new();
         let entries =
@@ -231,58 +303,123 @@ impl Watcher {
             }
         }
         let mut ch = RoundChanges::default();
-        // Gone first, so a cgroup recreated under the same name gets a fresh pool.
-        let gone: Vec<String> = self.owned.keys().filter(|n| !present.contains_key(*n)).cloned().collect();
-        for name in gone {
-            let o = self.owned.remove(&name).expect("listed above");
-            match self.client.destroy_cgroup(o.pool) {
-                Ok(()) => {}
-                // Already gone on the daemon (e.g. it restarted): nothing left to free.
-                Err(e) if e.status().is_some() => tracing::warn!("destroying pool of {name}: {e}"),
-                Err(e) => return Err(e.into()),
+        let before = (self.instance, self.owned.clone());
+        match self.reconcile(&present, &mut ch) {
+            Ok(()) => {}
+            // Unreachable, or it restarted in the middle of the round (a pool of the old instance): the
+            // next round reconnects and takes over.
+            Err(WatchError::Daemon(e)) if e.is_transport() || matches!(e, ClientError::PoolLost { .. }) => {
+                ch.away = true
             }
-            ch.destroyed.push(name);
+            Err(e) => return Err(e),
         }
-        for (name, dir) in &present {
-            let (spec, kind) = self.desired(name, dir);
-            match self.owned.get_mut(name) {
-                None => {
-                    let opts = match kind {
-                        PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
-                        PoolKind::Persistent => PoolOptions::persistent(spec),
-                    };
-                    let pool = self.client.create_cgroup(opts)?;
-                    self.owned.insert(name.clone(), Owned { pool, spec, kind, path: dir.clone() });
-                    ch.created.push(name.clone());
-                }
-                Some(o) if o.spec != spec => {
-                    self.client.set_cg_weight(o.pool, spec)?;
-                    o.spec = spec;
-                    ch.respecified.push(name.clone());
-                }
-                Some(_) => {}
-            }
-        }
-        if ch != RoundChanges::default() || !self.cfg.state_file.exists() {
+        let changed = before != (self.instance, self.owned.clone()) || !self.cfg.state_file.exists();
+        if changed && self.instance.is_some() {
             self.write_state()?;
         }
         Ok(ch)
     }
 
+    fn reconcile(
+        &mut self,
+        present: &BTreeMap<String, PathBuf>,
+        ch: &mut RoundChanges,
+    ) -> Result<(), WatchError> {
+        // Every round pings: a round that changes nothing sends nothing else, and a daemon that restarted
+        // in between must be noticed now (its pools are gone), not at the next change. A broken
+        // connection shows here; the connect below then tries again at once. The ping also keeps the
+        // daemon's idle timeout (`limits.idle_timeout_ms`) from closing a watcher that is merely waiting.
+        if self.session.instance().is_some() {
+            let _ = self.session.call(|c| c.ping());
+        }
+        let instance = self.session.connect()?;
+        if self.instance != Some(instance) {
+            self.take_over(instance, ch)?;
+        }
+        // Gone first, so a cgroup recreated under the same name gets a fresh pool.
+        let gone: Vec<String> = self.owned.keys().filter(|n| !present.contains_key(*n)).cloned().collect();
+        for name in gone {
+            let pool = self.pool_ref(&self.owned[&name]);
+            match self.session.on_pool(pool, |c, id| c.destroy_cgroup(id)) {
+                Ok(()) => {}
+                // Already gone on the daemon: nothing left to free.
+                Err(e) if e.status().is_some() => tracing::warn!("destroying pool of {name}: {e}"),
+                Err(e) => return Err(e.into()),
+            }
+            self.owned.remove(&name);
+            ch.destroyed.push(name);
+        }
+        for (name, dir) in present {
+            let (spec, kind) = self.desired(name, dir);
+            match self.owned.get(name) {
+                None => {
+                    let opts = match kind {
+                        PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
+                        PoolKind::Persistent => PoolOptions::persistent(spec),
+                    };
+                    let pool = self
+                        .session
+                        .on_pool(PoolRef { id: PoolId(0), instance }, |c, _| c.create_cgroup(opts))?;
+                    self.owned.insert(name.clone(), Owned { pool, spec, kind, path: dir.clone() });
+                    ch.created.push(name.clone());
+                }
+                Some(o) if o.spec != spec => {
+                    let pool = self.pool_ref(o);
+                    self.session.on_pool(pool, |c, id| c.set_cg_weight(id, spec))?;
+                    self.owned.get_mut(name).expect("present").spec = spec;
+                    ch.respecified.push(name.clone());
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The daemon answering is another instance than the one our pools belong to (or the first one we
+    /// reach): adopt an earlier watcher's pools if they are of this instance and still exist, otherwise
+    /// the pools are gone (a restart) and the rest of the round creates them again.
+    fn take_over(&mut self, instance: u64, ch: &mut RoundChanges) -> Result<(), WatchError> {
+        if let Some(st) = self.adopt.take().filter(|s| s.instance == instance) {
+            let listed: std::collections::BTreeSet<PoolId> =
+                self.session.call(|c| c.list_pools())?.into_iter().collect();
+            for (name, o) in st.pools {
+                if listed.contains(&o.pool) {
+                    ch.adopted.push(name.clone());
+                    self.owned.insert(name, o);
+                }
+            }
+        } else {
+            ch.lost = std::mem::take(&mut self.owned).into_keys().collect();
+        }
+        self.instance = Some(instance);
+        Ok(())
+    }
+
     fn write_state(&self) -> Result<(), WatchError> {
         let path = &self.cfg.state_file;
         let tmp = path.with_extension("json.tmp");
-        let body = serde_json::to_vec_pretty(&self.owned).expect("plain data serialises");
+        let st = StateFile {
+            version: STATE_VERSION,
+            vm: self.cfg.daemon.vm,
+            instance: self.instance.unwrap_or(0),
+            pools: self.owned.clone(),
+        };
+        let body = serde_json::to_vec_pretty(&st).expect("plain data serialises");
         std::fs::write(&tmp, body)
             .and_then(|_| std::fs::rename(&tmp, path))
             .map_err(|source| WatchError::State { path: path.clone(), source })
     }
 
-    /// Destroys every pool the watcher created and removes the state file.
+    /// Destroys every pool the watcher created and removes the state file. Pools of a daemon that is
+    /// unreachable, or that restarted since (they are gone with it), are skipped.
     pub fn shutdown(mut self) -> Result<(), WatchError> {
         for (name, o) in std::mem::take(&mut self.owned) {
-            if let Err(e) = self.client.destroy_cgroup(o.pool) {
-                tracing::warn!("destroying pool of {name} at shutdown: {e}");
+            let pool = self.pool_ref(&o);
+            match self.session.on_pool(pool, |c, id| c.destroy_cgroup(id)) {
+                Ok(()) => {}
+                Err(ClientError::PoolLost { .. }) => {}
+                Err(e) if e.is_transport() => {}
+                Err(e) => tracing::warn!("destroying pool of {name} at shutdown: {e}"),
             }
         }
         match std::fs::remove_file(&self.cfg.state_file) {

@@ -28,6 +28,10 @@ pub enum LabError {
     /// A call to a running daemon (admin API or data plane) failed.
     #[error("daemon: {0}")]
     Daemon(String),
+    /// The run's estimated peak memory does not fit the memory available above the lab's margin
+    /// (`budget`); the message names both and the options.
+    #[error("{message}")]
+    NotEnoughMemory { needed_bytes: u64, available_bytes: u64, message: String },
 }
 
 impl LabError {

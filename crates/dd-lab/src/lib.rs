@@ -4,41 +4,40 @@
 //! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
-//! Module map: [`scenario`] (the TOML format, defaults, validation, scaling; `scenario::provision`:
-//! targets, the provisioner's settings, searches), [`guest`] (page cache, memcgs, LRU lists, reclaim),
-//! [`workload`] (Filebench personalities, traces), [`ycsb`] (YCSB A-F request generators), [`kvstore`]
-//! (Redis-like, MongoDB-like and MySQL-like stores), [`memctl`] (the VM memory controller of thesis 000
-//! chapter 4: `dd_memctl::decide` in VM-wide reclaim, its checks, memory plots), [`backend`] (the
-//! second-chance cache interface and the in-process engine), [`remote`] (a running daemon as the cache),
-//! [`streams`] (each provisioned container's online miss-ratio curves and counters), [`sim`] (event
-//! queue, clock, I/O path, timeline, sampling; `sim::provision`: the VM-level provisioner's decisions), [`report`] (checks, `summary.json`,
-//! `timeseries.csv`; `report::provision`: searches, target checks), [`plot`] (PNGs, `report.html`, index
-//! page), [`bundled`] (the scenarios shipped with the binary).
+//! Layers, each a folder, each importing only the ones above it in this list (`scripts/module-cycles`
+//! checks that no two modules import each other):
+//! * [`scenario`]: plain data and validation (the TOML format, defaults, `validate()`, scaling; the
+//!   workloads' and checks' settings, `scenario::memctl`, `scenario::provision`; [`bundled`]).
+//! * [`model`]: the guest kernel (page cache, memcgs, LRU lists, reclaim; `guest::memctl`, the VM memory
+//!   controller of thesis 000 chapter 4), the workloads (Filebench personalities, traces), the key-value
+//!   stores and YCSB.
+//! * [`sim`]: the event loop (event queue, clock, timeline, sampling), the operations of workload threads
+//!   and the I/O path, the calls into the second-chance cache (`sim::backend`: the in-process engine;
+//!   `sim::remote`: a running daemon), online curves (`sim::streams`), the VM-level provisioner's
+//!   decisions, effective entitlements and the memory budget of a run (`sim::budget`).
+//! * [`results`]: checks (`results::checks`), `summary.json` and `timeseries.csv` (`results::report`),
+//!   PNGs and HTML (`results::plot`).
+//!
+//! This file runs a scenario: [`prepare`] (validate, scale, plan memory) and [`run_prepared`] (variants
+//! on threads, then checks).
 //!
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
 //! wall clock or on hash-map iteration order.
 
-pub mod backend;
-pub mod bundled;
 pub mod error;
-pub mod guest;
-pub mod kvstore;
-pub mod memctl;
-pub mod plot;
-pub mod remote;
-pub mod report;
+pub mod model;
+pub mod results;
 pub mod scenario;
 pub mod sim;
-pub mod streams;
-pub mod workload;
-pub mod ycsb;
 
 pub use error::LabError;
-pub use report::{CheckResult, ScenarioResult};
-pub use scenario::Scenario;
+pub use results::{CheckResult, ScenarioResult};
+pub use scenario::{bundled, Scenario};
 
 use backend::{BackendConfig, EngineBackend, Stamped};
+use results::checks;
+use sim::{backend, budget, remote};
 use std::path::PathBuf;
 
 /// How to run a scenario.
@@ -50,26 +49,32 @@ pub struct RunOptions {
     pub seed: Option<u64>,
     /// Directory that relative trace paths are resolved against (the scenario file's directory).
     pub base_dir: Option<PathBuf>,
-    /// Where the SSD store's scratch file goes; default [`default_scratch_dir`].
+    /// Where the SSD store's (unnamed) scratch file goes; default: the best of
+    /// [`budget::default_scratch_candidates`] for the memory available (see [`prepare`]).
     pub scratch_dir: Option<PathBuf>,
     /// Run against this daemon instead of the in-process engine (same results; see [`remote`]).
     pub daemon: Option<remote::DaemonTarget>,
     /// Threads that run variants side by side (each variant has its own engine, so results do not
-    /// depend on it). `None`: one per core. Runs against a daemon always take one variant at a time.
+    /// depend on it). `None`: one per core. At most as many as fit in memory ([`budget`]). Runs against a
+    /// daemon always take one variant at a time.
     pub jobs: Option<usize>,
+    /// The memory the run may plan with; `None` reads it from the host ([`budget::HostMemory::read`]).
+    pub host_memory: Option<budget::HostMemory>,
 }
 
-/// Runs every variant of a scenario with the in-process engine and evaluates its checks.
-/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes, always on the
-/// calling thread.
-///
-/// Variants are independent emulations (each its own guest, clock, random generators and engine), so
-/// they run on up to `opts.jobs` threads at once; the results are the same bytes in any case.
-pub fn run_scenario(
-    sc: &Scenario,
-    opts: &RunOptions,
-    progress: &mut dyn FnMut(usize, f64),
-) -> Result<ScenarioResult, LabError> {
+/// A scenario ready to run: validated, scaled, its memory planned.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The scaled scenario.
+    pub scenario: Scenario,
+    pub scale: f64,
+    pub plan: budget::Plan,
+}
+
+/// Validates and scales `sc` with the options' overrides and plans its memory: how many variants run
+/// side by side and where the SSD scratch file goes, or [`LabError::NotEnoughMemory`] at once when not
+/// even one variant fits in the memory available above the margin ([`budget`]).
+pub fn prepare(sc: &Scenario, opts: &RunOptions) -> Result<Prepared, LabError> {
     let mut sc = sc.clone();
     if let Some(s) = opts.scale {
         sc.scale = s;
@@ -80,6 +85,63 @@ pub fn run_scenario(
     sc.validate()?;
     let scale = sc.scale;
     let scaled = sc.scaled();
+    let variants = scaled.run_list();
+    let in_process = opts.daemon.is_none();
+    let want = match opts.daemon {
+        Some(_) => 1,
+        None => opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+    .clamp(1, variants.len().max(1));
+    let (candidates, user_scratch) = match (&opts.scratch_dir, in_process) {
+        (Some(d), true) => (vec![budget::ScratchChoice::at(d.clone())], true),
+        (None, true) => (budget::default_scratch_candidates(), false),
+        // Against a daemon the lab has no SSD store of its own.
+        (d, false) => {
+            let dir = d.clone().unwrap_or_else(std::env::temp_dir);
+            (vec![budget::ScratchChoice { dir, in_memory: false }], d.is_some())
+        }
+    };
+    let host = match opts.host_memory {
+        Some(h) => h,
+        None => budget::HostMemory::read()?,
+    };
+    let estimate = |in_memory: bool| -> Vec<budget::VariantEstimate> {
+        variants
+            .iter()
+            .map(|v| {
+                let s = sim::apply_variant(&scaled, v);
+                let cfg = backend_config(&s, std::path::Path::new(""));
+                budget::estimate_variant(&v.name, &s, &cfg, in_process, in_memory)
+            })
+            .collect()
+    };
+    let plan = budget::plan(&candidates, want, host, user_scratch, &estimate)?;
+    Ok(Prepared { scenario: scaled, scale, plan })
+}
+
+/// Runs every variant of a scenario with the in-process engine (or a daemon) and evaluates its checks:
+/// [`prepare`] (memory plan or refusal), then [`run_prepared`].
+/// `progress(variant_index, fraction_of_variant_done)` is called as emulated time passes, always on the
+/// calling thread.
+///
+/// Variants are independent emulations (each its own guest, clock, random generators and engine), so
+/// they run on up to `opts.jobs` threads at once; the results are the same bytes in any case.
+pub fn run_scenario(
+    sc: &Scenario,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<ScenarioResult, LabError> {
+    let prepared = prepare(sc, opts)?;
+    run_prepared(&prepared, opts, progress)
+}
+
+/// Runs a [`prepare`]d scenario with its plan's jobs and scratch directory (see [`run_scenario`]).
+pub fn run_prepared(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<ScenarioResult, LabError> {
+    let scaled = &prepared.scenario;
     let base = opts.base_dir.clone();
     let load = move |p: &str| -> Result<String, LabError> {
         if let Some(t) = bundled::trace(p) {
@@ -93,9 +155,10 @@ pub fn run_scenario(
     };
     // Searching variants run as their candidates, collapsed back to one run each afterwards.
     let variants = scaled.run_list();
+    let scratch = prepared.plan.scratch_dir.as_path();
     let run_variant = |v: &scenario::Variant, p: &mut dyn FnMut(f64)| -> Result<sim::RunResult, LabError> {
-        let s = sim::apply_variant(&scaled, v);
-        let cfg = backend_config(&s, opts);
+        let s = sim::apply_variant(scaled, v);
+        let cfg = backend_config(&s, scratch);
         match &opts.daemon {
             None => sim::Sim::new(&s, v, EngineBackend::new(&cfg)?, &load)?.run(p),
             Some(t) => {
@@ -104,11 +167,7 @@ pub fn run_scenario(
             }
         }
     };
-    let jobs = match opts.daemon {
-        Some(_) => 1,
-        None => opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-    }
-    .clamp(1, variants.len().max(1));
+    let jobs = prepared.plan.jobs.clamp(1, variants.len().max(1));
     let runs = if jobs == 1 {
         let mut runs = Vec::new();
         for (vi, v) in variants.iter().enumerate() {
@@ -118,9 +177,9 @@ pub fn run_scenario(
     } else {
         run_parallel(&variants, jobs, &run_variant, progress)?
     };
-    let (runs, searches) = report::provision::collapse(&scaled, &variants, runs);
-    let checks = report::evaluate(&scaled, &runs);
-    Ok(ScenarioResult { scenario: scaled, scale, runs, checks, searches })
+    let (runs, searches) = checks::provision::collapse(scaled, &variants, runs);
+    let checks = checks::evaluate(scaled, &runs);
+    Ok(ScenarioResult { scenario: scaled.clone(), scale: prepared.scale, runs, checks, searches })
 }
 
 /// Runs one variant, reporting the fraction of it done.
@@ -178,17 +237,28 @@ fn run_parallel(
 
 /// The cache's host settings for a (scaled, variant-applied) scenario: the memory arena is reserved
 /// for the largest capacity the timeline sets.
-pub fn backend_config(s: &Scenario, opts: &RunOptions) -> BackendConfig {
+pub fn backend_config(s: &Scenario, scratch_dir: &std::path::Path) -> BackendConfig {
     use scenario::{mib_pages, Event};
     let mut mem_max = mib_pages(s.host.mem_capacity_mib);
     let mut ssd = mib_pages(s.host.ssd_capacity_mib);
+    let mut ssd_resized = false;
     for e in &s.timeline {
         if let Event::SetCapacity { store, mib, .. } = e {
             match store {
                 dd_engine::StoreKind::Mem => mem_max = mem_max.max(mib_pages(*mib)),
-                dd_engine::StoreKind::Ssd => ssd = ssd.max(mib_pages(*mib)),
+                dd_engine::StoreKind::Ssd => {
+                    ssd = ssd.max(mib_pages(*mib));
+                    ssd_resized = true;
+                }
             }
         }
+    }
+    // An SSD store no spec of the run uses would hold no page, but its file would still take its whole
+    // capacity of disk (fallocated) for the length of the run (fig9's memory-only variants: 16 GiB).
+    // Entitlements count a store only for the VMs and pools that use it (D2), so leaving it out changes
+    // no output (checked in tests/lab.rs); a timeline that resizes it keeps it.
+    if !ssd_resized && !s.uses_store(dd_engine::StoreKind::Ssd) {
+        ssd = 0;
     }
     BackendConfig {
         mem_pages: mib_pages(s.host.mem_capacity_mib),
@@ -196,20 +266,6 @@ pub fn backend_config(s: &Scenario, opts: &RunOptions) -> BackendConfig {
         ssd_pages: ssd,
         mode: s.host.mode,
         batch_pages: mib_pages(s.host.eviction_batch_mib).max(1),
-        scratch_dir: opts.scratch_dir.clone().unwrap_or_else(default_scratch_dir),
-    }
-}
-
-/// Where the SSD store's file goes when the caller names no directory: `/dev/shm` when it is a
-/// writable directory, else the system temporary directory. The lab charges SSD latency on the emulated
-/// clock, so the file only needs to hold the stamped pages; on a real disk its page-cache write-back
-/// made a large DDSSD variant I/O-bound in wall time (minutes) without changing any output.
-pub fn default_scratch_dir() -> PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    let writable = std::fs::metadata(shm).is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
-    if writable {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
+        scratch_dir: scratch_dir.to_path_buf(),
     }
 }

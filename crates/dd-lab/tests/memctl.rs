@@ -143,7 +143,11 @@ fn thesis4_scenarios_are_deterministic_and_pass_at_small_scale() {
         let opts = RunOptions { scale: Some(0.05), ..Default::default() };
         let a = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
         let b = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
-        assert_eq!(dd_lab::report::summary_json(&a), dd_lab::report::summary_json(&b), "{name}");
+        assert_eq!(
+            dd_lab::results::report::summary_json(&a),
+            dd_lab::results::report::summary_json(&b),
+            "{name}"
+        );
         assert!(a.all_passed(), "{name}: {:?}", a.checks.iter().filter(|c| !c.passed).collect::<Vec<_>>());
     }
 }

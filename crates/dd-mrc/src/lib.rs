@@ -56,8 +56,12 @@ mod config;
 mod curve;
 mod error;
 mod hist;
+mod keymap;
 mod lru;
 mod minisim;
+#[cfg(feature = "plot")]
+pub mod plot;
+pub mod profile;
 mod sampler;
 mod sim;
 mod stack;
@@ -82,6 +86,15 @@ pub trait Mrc: Send {
     /// Feeds one reference to a page (a key of [`PAGE_SIZE`] bytes).
     fn access(&mut self, key: u64) {
         self.access_sized(key, PAGE_SIZE);
+    }
+
+    /// Feeds references to pages, in order: the same as [`Mrc::access`] on each, but a model may overlap
+    /// the memory accesses of neighbouring keys (the exact model prefetches its map entries), so feed
+    /// batches where you have them.
+    fn access_keys(&mut self, keys: &[u64]) {
+        for &k in keys {
+            self.access(k);
+        }
     }
 
     /// Feeds one reference to an object of `size_bytes` (used by [`Unit::Bytes`] models; a

@@ -44,7 +44,13 @@ struct StackMrc {
     /// `aged + (requests - requests_at_decay)`, so feeding a reference stays one integer increment.
     aged: f64,
     requests_at_decay: u64,
+    /// Exact page distances not yet in `hist` (added in batches; see `Histogram::add_batch`).
+    pending: Vec<u32>,
+    scratch: Vec<u32>,
 }
+
+/// Distances buffered before a batch goes into an exact page histogram.
+const PENDING: usize = 1 << 15;
 
 impl StackMrc {
     fn new(unit: Unit, sampler: Sampler, sampling: bool, max_samples: Option<usize>) -> StackMrc {
@@ -63,6 +69,8 @@ impl StackMrc {
             unique: 0,
             aged: 0.0,
             requests_at_decay: 0,
+            pending: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -75,6 +83,11 @@ impl StackMrc {
     /// by `factor`, while the stack keeps every key's last access, so later distances stay exact.
     fn decay(&mut self, factor: f64) {
         let f = factor.clamp(0.0, 1.0);
+        // Buffered exact distances count as much as those already in the histogram.
+        if !self.pending.is_empty() {
+            self.hist.add_batch(&self.pending, &mut self.scratch);
+            self.pending.clear();
+        }
         self.aged = self.n() * f;
         self.requests_at_decay = self.requests;
         self.weight *= f;
@@ -90,6 +103,13 @@ impl StackMrc {
         };
         if !self.sampling {
             match self.stack.access(key, w) {
+                Some(d) if self.unit == Unit::Pages && d <= u32::MAX as u64 => {
+                    self.pending.push(d as u32);
+                    if self.pending.len() == PENDING {
+                        self.hist.add_batch(&self.pending, &mut self.scratch);
+                        self.pending.clear();
+                    }
+                }
                 Some(d) => self.hist.add(d, 1.0),
                 None => self.unique += 1,
             }
@@ -102,6 +122,22 @@ impl StackMrc {
             return;
         }
         self.sampled_access(key, h, w);
+    }
+
+    fn access_keys(&mut self, keys: &[u64]) {
+        /// How far ahead the map entries are prefetched: enough misses in flight to cover a miss's
+        /// latency with the work of the references in between.
+        const AHEAD: usize = 12;
+        if self.sampling {
+            keys.iter().for_each(|&k| self.access(k, crate::PAGE_SIZE));
+            return;
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            if let Some(&next) = keys.get(i + AHEAD) {
+                self.stack.prefetch(next);
+            }
+            self.access(k, crate::PAGE_SIZE);
+        }
     }
 
     #[cold]
@@ -132,12 +168,21 @@ impl StackMrc {
 
     fn curve_at(&self, sizes: &[u64]) -> Curve {
         let cum = self.hist.cumulative();
+        let mut pending = self.pending.clone();
+        pending.sort_unstable();
         let n = if self.n() > 0.0 { self.n() } else { 1.0 };
-        Curve::from_fn(self.unit, sizes, |c| (self.weight - cum.hits(c)) / n)
+        Curve::from_fn(self.unit, sizes, |c| {
+            let buffered = pending.partition_point(|&d| d as u64 <= c) as f64;
+            (self.weight - cum.hits(c) - buffered) / n
+        })
     }
 
     fn curve(&self) -> Curve {
-        self.curve_at(&self.hist.bucket_tops())
+        let mut sizes = self.hist.bucket_tops();
+        if let Some(&max) = self.pending.iter().max() {
+            sizes.extend(sizes.last().map_or(0, |l| l + 1)..=max as u64);
+        }
+        self.curve_at(&sizes)
     }
 
     fn stats(&self) -> MrcStats {
@@ -180,6 +225,9 @@ macro_rules! stack_mrc {
             #[inline]
             fn access_sized(&mut self, key: u64, size_bytes: u32) {
                 self.0.access(key, size_bytes);
+            }
+            fn access_keys(&mut self, keys: &[u64]) {
+                self.0.access_keys(keys);
             }
             fn curve(&self) -> Curve {
                 self.0.curve()

@@ -10,29 +10,29 @@
 //!
 //! When the slots run out, the live ones are packed to the front in the same order (their relative order
 //! is all that matters) into a table of four times the live keys, and the tree is rebuilt in O(slots):
-//! memory stays O(live keys) however long the stream, and the re-mapping costs an amortised third of a
-//! map update per reference.
+//! memory stays O(live keys) however long the stream. The re-mapping walks the key map in its own
+//! memory order and computes each key's new slot as its rank among the live bits, so it costs a
+//! sequential scan, not a random map update per key.
 //!
-//! Invariants: for every key `k` in `map`, bit `map[k]` is set and `keys[map[k]] == k`; no other bit is
-//! set; `weights[s] > 0` for set bits (weighted mode); `tree` is the Fenwick tree of the words' live
-//! weights; `live_weight` is their sum.
+//! Invariants: for every key `k` in `map`, bit `map[k]` is set, and the map's slots are distinct; no
+//! other bit is set; `weights[s] > 0` for set bits (weighted mode); `tree` is the Fenwick tree of the
+//! words' live weights; `live_weight` is their sum.
 
-use std::collections::HashMap;
-
-type FixedMap = HashMap<u64, u32, foldhash::fast::FixedState>;
+use crate::keymap::KeyMap;
 
 #[derive(Debug)]
 pub(crate) struct ReuseStack {
     /// Live slots, one bit each.
     bits: Vec<u64>,
-    keys: Vec<u64>,
+    /// Slots handed out: `bits.len() * 64`.
+    slots: usize,
     /// Per-slot weights; empty when every weight is 1 (pages).
     weights: Vec<u64>,
     weighted: bool,
     /// Fenwick tree over words, 1-based: `tree[i]` sums words `(i - lowbit(i), i]` (1-based).
     tree: Vec<u64>,
     next: usize,
-    map: FixedMap,
+    map: KeyMap,
     live_weight: u64,
 }
 
@@ -43,15 +43,15 @@ impl ReuseStack {
     pub fn new(weighted: bool) -> Self {
         let mut s = ReuseStack {
             bits: Vec::new(),
-            keys: Vec::new(),
+            slots: 0,
             weights: Vec::new(),
             weighted,
             tree: Vec::new(),
             next: 0,
-            map: FixedMap::with_hasher(foldhash::fast::FixedState::with_seed(0x0dd_57ac)),
+            map: KeyMap::new(),
             live_weight: 0,
         };
-        s.rebuild(Vec::new(), Vec::new(), MIN_SLOTS);
+        s.rebuild(0, Vec::new(), MIN_SLOTS);
         s
     }
 
@@ -71,7 +71,7 @@ impl ReuseStack {
     #[inline]
     pub fn access(&mut self, key: u64, weight: u64) -> Option<u64> {
         debug_assert!(weight > 0 && (self.weighted || weight == 1));
-        if self.next == self.keys.len() {
+        if self.next == self.slots {
             self.compact();
         }
         let slot = self.next;
@@ -86,7 +86,6 @@ impl ReuseStack {
             }
             None => None,
         };
-        self.keys[slot] = key;
         self.bits[slot / 64] |= 1 << (slot % 64);
         if self.weighted {
             self.weights[slot] = weight;
@@ -96,9 +95,15 @@ impl ReuseStack {
         distance
     }
 
+    /// See [`KeyMap::prefetch`].
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        self.map.prefetch(key);
+    }
+
     /// Forgets `key` (fixed-size sampling dropping a key). Returns whether it was live.
     pub fn remove(&mut self, key: u64) -> bool {
-        let Some(slot) = self.map.remove(&key) else { return false };
+        let Some(slot) = self.map.remove(key) else { return false };
         self.clear(slot as usize);
         true
     }
@@ -149,28 +154,29 @@ impl ReuseStack {
     /// Packs the live slots to the front (keeping their order) and rebuilds.
     fn compact(&mut self) {
         let live = self.map.len();
-        let mut keys = Vec::with_capacity(live);
-        let mut weights = Vec::with_capacity(if self.weighted { live } else { 0 });
-        for (w, &word) in self.bits.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let slot = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let key = self.keys[slot];
-                *self.map.get_mut(&key).expect("a live slot's key is mapped") = keys.len() as u32;
-                keys.push(key);
-                if self.weighted {
-                    weights.push(self.weights[slot]);
-                }
-            }
+        // rank[w] = live slots before word w.
+        let mut rank = Vec::with_capacity(self.bits.len());
+        let mut before = 0u32;
+        for w in &self.bits {
+            rank.push(before);
+            before += w.count_ones();
         }
-        debug_assert_eq!(keys.len(), live);
-        self.rebuild(keys, weights, (4 * live).max(MIN_SLOTS));
+        debug_assert_eq!(before as usize, live);
+        let mut weights = vec![0u64; if self.weighted { live } else { 0 }];
+        for slot in self.map.slots_mut() {
+            let old = *slot as usize;
+            let below = self.bits[old / 64] & ((1u64 << (old % 64)) - 1);
+            let new = rank[old / 64] + below.count_ones();
+            if self.weighted {
+                weights[new as usize] = self.weights[old];
+            }
+            *slot = new;
+        }
+        self.rebuild(live, weights, (4 * live).max(MIN_SLOTS));
     }
 
-    /// Lays out `keys` (with `weights`) in slots `0..keys.len()` of a table of at least `cap` slots.
-    fn rebuild(&mut self, mut keys: Vec<u64>, mut weights: Vec<u64>, cap: usize) {
-        let live = keys.len();
+    /// Lays out `live` keys (with `weights`) in slots `0..live` of a table of at least `cap` slots.
+    fn rebuild(&mut self, live: usize, mut weights: Vec<u64>, cap: usize) {
         let cap = cap.next_multiple_of(64);
         assert!(cap <= u32::MAX as usize, "more than 2^30 distinct keys in one stack");
         let words = cap / 64;
@@ -179,7 +185,6 @@ impl ReuseStack {
             let n = (live - w * 64).min(64);
             *word = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
         }
-        keys.resize(cap, 0);
         if self.weighted {
             weights.resize(cap, 0);
         }
@@ -199,7 +204,7 @@ impl ReuseStack {
             }
         }
         self.bits = bits;
-        self.keys = keys;
+        self.slots = cap;
         self.weights = weights;
         self.tree = tree;
         self.next = live;
@@ -208,16 +213,17 @@ impl ReuseStack {
     /// Checks every invariant of the module comment.
     #[cfg(test)]
     pub fn check(&self) {
-        for (k, &s) in &self.map {
+        let mut seen = std::collections::HashSet::new();
+        for s in self.map.slots() {
             let s = s as usize;
-            assert_eq!(self.keys[s], *k);
+            assert!(seen.insert(s), "two keys in slot {s}");
             assert!(self.bits[s / 64] & (1 << (s % 64)) != 0);
             assert!(!self.weighted || self.weights[s] > 0);
         }
         let live_bits: u32 = self.bits.iter().map(|w| w.count_ones()).sum();
         assert_eq!(live_bits as usize, self.map.len());
         let mut total = 0;
-        for slot in 0..self.keys.len() {
+        for slot in 0..self.slots {
             if self.bits[slot / 64] & (1 << (slot % 64)) != 0 {
                 total += if self.weighted { self.weights[slot] } else { 1 };
             }
@@ -281,7 +287,7 @@ mod tests {
         for i in 0..1_000_000u64 {
             s.access(i % 10, 1);
         }
-        assert!(s.keys.len() <= MIN_SLOTS, "{}", s.keys.len());
+        assert!(s.slots <= MIN_SLOTS, "{}", s.slots);
         assert_eq!(s.access(3, 1), Some(7)); // 4..=9 came after it
     }
 }

@@ -23,8 +23,10 @@ pub use frame::{Header, Op, FLAG_RESPONSE, HEADER_LEN, MAGIC};
 pub use msg::{KeyList, Request, Response};
 pub use status::Status;
 
-/// The protocol version this crate speaks. HELLO negotiates it (see `docs/protocol.md`, "Versioning").
-pub const PROTOCOL_VERSION: u8 = 1;
+/// The newest protocol version this crate speaks. HELLO negotiates it (see `docs/protocol.md`,
+/// "Versioning"). Version 2 adds the daemon's instance id to the HELLO response; every other layout is
+/// that of version 1.
+pub const PROTOCOL_VERSION: u8 = 2;
 /// The oldest version this crate can speak.
 pub const MIN_PROTOCOL_VERSION: u8 = 1;
 /// Default largest payload a peer accepts (2 MiB: a full default batch of 256 4 KiB pages plus keys).

@@ -385,6 +385,9 @@ pub enum Response {
         page_size: u32,
         max_batch: u32,
         max_payload: u32,
+        /// The daemon's instance id, drawn at each start (version 2 on; `None` in version 1): a client
+        /// that sees a new one knows that every pool it had is gone.
+        instance: Option<u64>,
     },
     Pong,
     PoolCreated(PoolId),
@@ -430,6 +433,8 @@ impl Response {
                 page_size: r.u32()?,
                 max_batch: r.u32()?,
                 max_payload: r.u32()?,
+                // The layout is the negotiated version's, which the response frame carries.
+                instance: if h.version >= 2 { Some(r.u64()?) } else { None },
             },
             Op::Ping => Response::Pong,
             Op::CreatePool => Response::PoolCreated(r.pool()?),
@@ -479,12 +484,15 @@ impl Response {
         let start = begin_response(out, version, op, request_id);
         let mut status = Status::OK;
         match self {
-            Response::Hello { version, vm, page_size, max_batch, max_payload } => {
-                out.extend_from_slice(&version.to_le_bytes());
+            Response::Hello { version: v, vm, page_size, max_batch, max_payload, instance } => {
+                out.extend_from_slice(&v.to_le_bytes());
                 out.extend_from_slice(&vm.to_le_bytes());
                 out.extend_from_slice(&page_size.to_le_bytes());
                 out.extend_from_slice(&max_batch.to_le_bytes());
                 out.extend_from_slice(&max_payload.to_le_bytes());
+                if version >= 2 {
+                    out.extend_from_slice(&instance.unwrap_or(0).to_le_bytes());
+                }
             }
             Response::Pong | Response::Done => {}
             Response::PoolCreated(p) => out.extend_from_slice(&p.0.to_le_bytes()),
@@ -629,7 +637,14 @@ mod tests {
         let resps = [
             (
                 Op::Hello,
-                Response::Hello { version: 1, vm: 2, page_size: 4096, max_batch: 256, max_payload: 9 },
+                Response::Hello {
+                    version: 2,
+                    vm: 2,
+                    page_size: 4096,
+                    max_batch: 256,
+                    max_payload: 9,
+                    instance: Some(0x0123_4567_89ab_cdef),
+                },
             ),
             (Op::Ping, Response::Pong),
             (Op::CreatePool, Response::PoolCreated(PoolId(4))),
@@ -648,12 +663,44 @@ mod tests {
         ];
         for (op, r) in resps {
             let mut out = Vec::new();
-            r.encode(1, op as u8, 3, &mut out);
+            r.encode(2, op as u8, 3, &mut out);
             let (h, n) = split_frame(&out, u32::MAX).unwrap().unwrap();
             assert_eq!(n, out.len());
             assert!(h.is_response());
             assert_eq!(Response::decode(&h, &out[HEADER_LEN..]).unwrap(), r);
         }
+    }
+
+    /// The HELLO response's layout is the negotiated version's: version 1 ends at `max_payload`,
+    /// version 2 adds the instance id.
+    #[test]
+    fn hello_response_layouts_are_pinned_per_version() {
+        let hello = |version: u16, instance| Response::Hello {
+            version,
+            vm: 7,
+            page_size: 4096,
+            max_batch: 256,
+            max_payload: 0x0020_0000,
+            instance,
+        };
+        let common = [1u8, 0, 7, 0, 0, 0, 0, 0x10, 0, 0, 0, 1, 0, 0, 0, 0, 0x20, 0];
+        let mut v1 = Vec::new();
+        hello(1, None).encode(1, Op::Hello as u8, 9, &mut v1);
+        assert_eq!(v1[2], 1, "frame version");
+        assert_eq!(&v1[HEADER_LEN..], &common);
+        let (h, _) = split_frame(&v1, u32::MAX).unwrap().unwrap();
+        assert_eq!(Response::decode(&h, &v1[HEADER_LEN..]).unwrap(), hello(1, None));
+
+        let mut v2 = Vec::new();
+        hello(2, Some(0x1122_3344_5566_7788)).encode(2, Op::Hello as u8, 9, &mut v2);
+        let mut want = common.to_vec();
+        want[0] = 2;
+        want.extend_from_slice(&[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+        assert_eq!(&v2[HEADER_LEN..], &want[..]);
+        let (h, _) = split_frame(&v2, u32::MAX).unwrap().unwrap();
+        assert_eq!(Response::decode(&h, &v2[HEADER_LEN..]).unwrap(), hello(2, Some(0x1122_3344_5566_7788)));
+        // A version-1 body under a version-2 header is short: malformed, never a made-up id.
+        assert!(Response::decode(&h, &v1[HEADER_LEN..]).is_err());
     }
 
     proptest! {

@@ -24,8 +24,8 @@
 //! residency, which calibrates the model to what the container really does (queueing, CPU contention).
 //! Throughput is `concurrency / time` (closed loop), at most the client's rate (open loop).
 
-use dd_mrc::{Curve, Unit};
 use crate::error::ProvisionError;
+use dd_mrc::{Curve, Unit};
 use serde::{Deserialize, Serialize};
 
 /// What a container must reach.
@@ -60,7 +60,7 @@ impl Target {
         }
     }
 
-    fn validate(&self, field: &str) -> Result<(), ProvisionError> {
+    pub(crate) fn validate(&self, field: &str) -> Result<(), ProvisionError> {
         let ok = match *self {
             Target::Throughput { ops_s } => ops_s.is_finite() && ops_s > 0.0,
             Target::MeanLatency { ms } => ms.is_finite() && ms > 0.0,
@@ -242,7 +242,11 @@ impl<'a> Model<'a> {
             + (m1 - m2) * l.mem_cache_hit_ns
             + (m2 - m3) * l.ssd_cache_hit_ns
             + m3 * l.file_miss_ns;
-        let a = self.input.anon_curve.as_ref().map_or(0.0, |c| (c.miss_ratio_at(anon) - self.anon_floor).max(0.0));
+        let a = self
+            .input
+            .anon_curve
+            .as_ref()
+            .map_or(0.0, |c| (c.miss_ratio_at(anon) - self.anon_floor).max(0.0));
         let anon_ns = (1.0 - a) * l.memory_hit_ns + a * l.anon_miss_ns;
         d.file_reads_per_op * file_ns + d.anon_accesses_per_op * anon_ns
     }

@@ -182,7 +182,8 @@ impl Score {
         Score { met: self.met + o.met, comfy: self.comfy + o.comfy, obj: self.obj + o.obj }
     }
     fn better(self, o: Score) -> bool {
-        (self.met, self.comfy) > (o.met, o.comfy) || ((self.met, self.comfy) == (o.met, o.comfy) && self.obj > o.obj)
+        (self.met, self.comfy) > (o.met, o.comfy)
+            || ((self.met, self.comfy) == (o.met, o.comfy) && self.obj > o.obj)
     }
 }
 
@@ -213,7 +214,12 @@ impl Ctx<'_> {
     }
 
     fn predict_units(&self, i: usize, u: [usize; 3]) -> Prediction {
-        self.predict_pages(i, u[0] as f64 * self.unit[0], u[1] as f64 * self.unit[1], u[2] as f64 * self.unit[2])
+        self.predict_pages(
+            i,
+            u[0] as f64 * self.unit[0],
+            u[1] as f64 * self.unit[1],
+            u[2] as f64 * self.unit[2],
+        )
     }
 
     fn min_memory_units(&self, i: usize) -> usize {
@@ -301,7 +307,8 @@ impl Ctx<'_> {
         dp[0] = Score { met: 0, comfy: 0, obj: 0.0 };
         let mut choice = Vec::with_capacity(n);
         for (i, &(m, c)) in mc.iter().enumerate() {
-            let table: Vec<Score> = (0..=ks).map(|s| self.score(i, &self.predict_units(i, [m, c, s]))).collect();
+            let table: Vec<Score> =
+                (0..=ks).map(|s| self.score(i, &self.predict_units(i, [m, c, s]))).collect();
             let mut next = vec![Score::NONE; ks + 1];
             let mut pick = vec![0usize; ks + 1];
             for t in 0..=ks {
@@ -347,18 +354,27 @@ pub fn provision(
     if current.is_some_and(|a| a.len() != containers.len()) {
         return Err(ProvisionError::invalid("current", "one allocation per container"));
     }
-    let lat_ok = [lat.memory_hit_ns, lat.mem_cache_hit_ns, lat.ssd_cache_hit_ns, lat.file_miss_ns, lat.anon_miss_ns]
-        .into_iter()
-        .all(|v| v.is_finite() && v >= 0.0);
+    let lat_ok =
+        [lat.memory_hit_ns, lat.mem_cache_hit_ns, lat.ssd_cache_hit_ns, lat.file_miss_ns, lat.anon_miss_ns]
+            .into_iter()
+            .all(|v| v.is_finite() && v >= 0.0);
     if !lat_ok {
         return Err(ProvisionError::invalid("latency", "every latency must be finite and non-negative"));
     }
     let floors: u64 = containers.iter().map(|c| c.min_memory_pages).sum();
     if floors > budget.memory_pages {
-        return Err(ProvisionError::invalid("containers.min_memory_pages", "the floors exceed the VM's memory"));
+        return Err(ProvisionError::invalid(
+            "containers.min_memory_pages",
+            "the floors exceed the VM's memory",
+        ));
     }
     if containers.is_empty() {
-        return Ok(Plan { containers: Vec::new(), feasible: true, infeasible: Vec::new(), kept_current: false });
+        return Ok(Plan {
+            containers: Vec::new(),
+            feasible: true,
+            infeasible: Vec::new(),
+            kept_current: false,
+        });
     }
     let k = cfg.steps as u64;
     let grid = |pages: u64| -> (f64, usize) {
@@ -380,9 +396,9 @@ pub fn provision(
     };
     let n = containers.len();
     let mut ssd = vec![0usize; n];
-    let mut mc = ctx
-        .plan_mem(&ssd)
-        .ok_or_else(|| ProvisionError::invalid("containers.min_memory_pages", "the floors exceed the grid"))?;
+    let mut mc = ctx.plan_mem(&ssd).ok_or_else(|| {
+        ProvisionError::invalid("containers.min_memory_pages", "the floors exceed the grid")
+    })?;
     if ks > 0 {
         for _ in 0..cfg.rounds {
             let s = ctx.plan_ssd(&mc);
@@ -403,7 +419,8 @@ pub fn provision(
             ssd_cache_pages: (ssd[i] as f64 * su).floor() as u64,
         })
         .collect();
-    let spare = budget.memory_pages - alloc.iter().map(|a| a.memory_pages).sum::<u64>().min(budget.memory_pages);
+    let spare =
+        budget.memory_pages - alloc.iter().map(|a| a.memory_pages).sum::<u64>().min(budget.memory_pages);
     for (i, a) in alloc.iter_mut().enumerate() {
         a.memory_pages += spare / n as u64 + (i < (spare % n as u64) as usize) as u64;
     }
@@ -411,7 +428,12 @@ pub fn provision(
         let preds: Vec<Prediction> = (0..n)
             .map(|i| {
                 let a = &alloc[i];
-                ctx.predict_pages(i, a.memory_pages as f64, a.mem_cache_pages as f64, a.ssd_cache_pages as f64)
+                ctx.predict_pages(
+                    i,
+                    a.memory_pages as f64,
+                    a.mem_cache_pages as f64,
+                    a.ssd_cache_pages as f64,
+                )
             })
             .collect();
         let total = (0..n).fold(Score { met: 0, comfy: 0, obj: 0.0 }, |s, i| s.add(ctx.score(i, &preds[i])));

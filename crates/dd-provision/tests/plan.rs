@@ -78,7 +78,8 @@ fn the_anonymous_cliff_gets_memory_and_the_file_set_gets_the_cache() {
     // of memory and 2000 of cache: only "Redis in memory, the webserver mostly in the cache" meets both.
     let redis = anon_ct("redis", cliff(2000), Some(Target::Throughput { ops_s: 5_000.0 }));
     let web = file_ct("web", linear(2000), Some(Target::Throughput { ops_s: 3_000.0 }));
-    let p = provision(&[redis, web], None, &lat(), &budget(3000, 2000, 0), &ProvisionConfig::default()).unwrap();
+    let p =
+        provision(&[redis, web], None, &lat(), &budget(3000, 2000, 0), &ProvisionConfig::default()).unwrap();
     assert!(p.feasible, "{p:#?}");
     let (r, w) = (&p.containers[0], &p.containers[1]);
     assert!(r.allocation.memory_pages >= 2000, "redis's data set is in memory: {r:#?}");
@@ -112,17 +113,13 @@ fn a_target_the_memory_cache_cannot_reach_is_met_by_a_hybrid_split() {
     // memory cache and 1000 of SSD cache. Memory cache alone leaves half the reads to the disk.
     let mut web = file_ct("web", linear(1000), None);
     web.min_memory_pages = 10;
-    let mem_only = provision(
-        std::slice::from_ref(&web),
-        None,
-        &lat(),
-        &budget(10, 500, 0),
-        &ProvisionConfig::default(),
-    )
-    .unwrap();
+    let mem_only =
+        provision(std::slice::from_ref(&web), None, &lat(), &budget(10, 500, 0), &ProvisionConfig::default())
+            .unwrap();
     let best_mem_only = mem_only.containers[0].predicted.ops_s;
     web.target = Some(Target::Throughput { ops_s: best_mem_only * 2.0 });
-    let p = provision(&[web.clone()], None, &lat(), &budget(10, 500, 0), &ProvisionConfig::default()).unwrap();
+    let p =
+        provision(&[web.clone()], None, &lat(), &budget(10, 500, 0), &ProvisionConfig::default()).unwrap();
     assert!(!p.feasible && p.infeasible == vec!["web".to_string()], "memory cache alone cannot: {p:#?}");
     let p = provision(&[web], None, &lat(), &budget(10, 500, 1000), &ProvisionConfig::default()).unwrap();
     assert!(p.feasible, "{p:#?}");
@@ -186,11 +183,13 @@ fn calibration_explains_the_measured_time_by_the_non_memory_part() {
 #[test]
 fn invalid_input_names_the_field() {
     let mut a = file_ct("a", linear(100), Some(Target::Throughput { ops_s: -1.0 }));
-    let e = provision(&[a.clone()], None, &lat(), &budget(10, 0, 0), &ProvisionConfig::default()).unwrap_err();
+    let e =
+        provision(&[a.clone()], None, &lat(), &budget(10, 0, 0), &ProvisionConfig::default()).unwrap_err();
     assert!(e.to_string().contains("containers[0].target"), "{e}");
     a.target = None;
     a.demand.concurrency = 0.0;
-    let e = provision(&[a.clone()], None, &lat(), &budget(10, 0, 0), &ProvisionConfig::default()).unwrap_err();
+    let e =
+        provision(&[a.clone()], None, &lat(), &budget(10, 0, 0), &ProvisionConfig::default()).unwrap_err();
     assert!(e.to_string().contains("containers[0].demand.concurrency"), "{e}");
     a.demand.concurrency = 1.0;
     a.min_memory_pages = 11;
@@ -206,10 +205,13 @@ fn arb_curve() -> impl Strategy<Value = Curve> {
     prop::collection::btree_map(1u64..60, 0.0f64..1.0, 1..5).prop_map(|pts| {
         let sizes: Vec<u64> = pts.keys().copied().collect();
         let mut last = 1.0f64;
-        let ratios: Vec<f64> = pts.values().map(|&m| {
-            last = last.min(m);
-            last
-        }).collect();
+        let ratios: Vec<f64> = pts
+            .values()
+            .map(|&m| {
+                last = last.min(m);
+                last
+            })
+            .collect();
         Curve::new(Unit::Pages, sizes, ratios).unwrap()
     })
 }

@@ -9,7 +9,8 @@
 //!
 //! Every error is JSON `{"code": "<stable name>", "message": "..."}`; codes are the engine's
 //! `CacheError::code_name()` plus `unauthorized`, `not_found`, `method_not_allowed`, `malformed_json`,
-//! `payload_too_large`, `bad_request`, `internal`. Engine calls that may evict or free many pages run
+//! `payload_too_large`, `bad_request`, `internal`, and the provisioner reports' `invalid_report` and
+//! `no_report` (`crate::provisioner`). Engine calls that may evict or free many pages run
 //! on the blocking pool.
 //!
 //! A VM-scope request runs inside the registration its token belongs to (`auth::Registration::enter`):
@@ -18,7 +19,7 @@
 
 use crate::auth::{token_problem, Registration};
 use crate::config::VmConfig;
-use crate::state::ServerState;
+use crate::state::{PersistError, ServerState};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -31,7 +32,7 @@ use dd_engine::{
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-type St = State<Arc<ServerState>>;
+pub(crate) type St = State<Arc<ServerState>>;
 
 /// Largest JSON body accepted.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -56,7 +57,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+pub(crate) fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError { status, code, message: message.into() }
 }
 
@@ -64,11 +65,23 @@ impl From<CacheError> for ApiError {
     fn from(e: CacheError) -> Self {
         let status = match &e {
             CacheError::UnknownVm(_) | CacheError::UnknownPool(_) => StatusCode::NOT_FOUND,
-            CacheError::VmExists(_) | CacheError::TooManyPools(_) => StatusCode::CONFLICT,
+            CacheError::VmExists(_) | CacheError::TooManyPools(_) | CacheError::HostPoolLimit => {
+                StatusCode::CONFLICT
+            }
             CacheError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         };
         err(status, e.code_name(), e.to_string())
+    }
+}
+
+impl From<PersistError> for ApiError {
+    fn from(e: PersistError) -> Self {
+        match e {
+            PersistError::Engine(e) => e.into(),
+            // The change is not in force (see `state`): a server-side failure, named like the engine's.
+            PersistError::File(e) => err(StatusCode::INTERNAL_SERVER_ERROR, "io_error", e.to_string()),
+        }
     }
 }
 
@@ -88,7 +101,7 @@ impl From<PathRejection> for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// The token of `Authorization: Bearer <token>`: the scheme (any case), exactly one space, and a token
 /// of printable ASCII without spaces; anything else is no token.
@@ -101,18 +114,18 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     ok.then_some(token)
 }
 
-fn unauthorized() -> ApiError {
+pub(crate) fn unauthorized() -> ApiError {
     err(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token for this scope")
 }
 
-fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
+pub(crate) fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
     match bearer(headers) {
         Some(t) if state.registry.is_host(t) => Ok(()),
         _ => Err(unauthorized()),
     }
 }
 
-fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<Arc<Registration>> {
+pub(crate) fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<Arc<Registration>> {
     bearer(headers).and_then(|t| state.registry.authenticate_admin(t)).ok_or_else(unauthorized)
 }
 
@@ -138,6 +151,14 @@ async fn blocking<T: Send + 'static>(
     state: &Arc<ServerState>,
     f: impl FnOnce(&ServerState) -> Result<T, CacheError> + Send + 'static,
 ) -> ApiResult<T> {
+    registration_change(state, move |s| f(s).map_err(PersistError::from)).await
+}
+
+/// Runs a registration change (which also writes the registrations file) on the blocking pool.
+async fn registration_change<T: Send + 'static>(
+    state: &Arc<ServerState>,
+    f: impl FnOnce(&ServerState) -> Result<T, PersistError> + Send + 'static,
+) -> ApiResult<T> {
     let st = state.clone();
     tokio::task::spawn_blocking(move || f(&st))
         .await
@@ -157,10 +178,13 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vms/{vm}", get(get_vm).delete(remove_vm))
         .route("/v1/vms/{vm}/weights", put(set_weights))
         .route("/v1/vms/{vm}/tokens", axum::routing::post(replace_tokens))
+        .route("/v1/vms/{vm}/quota", put(set_quota))
         .route("/v1/vm/pools", get(list_pools).post(create_pool))
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
         .route("/v1/vm/stats", get(vm_stats))
+        .merge(crate::provisioner::router())
+        .merge(crate::ui::router())
         .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
@@ -178,7 +202,7 @@ async fn metrics(State(s): St, headers: HeaderMap) -> ApiResult<Response> {
     let st = s.clone();
     let text = tokio::task::spawn_blocking(move || {
         let coop = st.coop.get().map(|c| c.report());
-        st.metrics.render(&st.cache.host_stats(), coop.as_ref())
+        st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), coop.as_ref())
     })
     .await
     .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
@@ -200,6 +224,8 @@ pub struct StoreInfo {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HostInfo {
+    /// This start's instance id (what HELLO returns), as 16 hex digits.
+    pub instance: String,
     pub page_size_bytes: usize,
     pub mode: Mode,
     pub eviction_batch_bytes: u64,
@@ -220,6 +246,7 @@ fn host_info(s: &ServerState) -> HostInfo {
     let h = s.cache.host_stats();
     let ps = h.page_size as u64;
     HostInfo {
+        instance: format!("{:016x}", s.instance),
         page_size_bytes: h.page_size,
         mode: h.mode,
         eviction_batch_bytes: h.eviction_batch_pages * ps,
@@ -306,6 +333,10 @@ pub struct VmInfo {
     pub id: u32,
     pub weights: VmWeights,
     pub pools: usize,
+    /// The VM's pool quota.
+    pub max_pools: usize,
+    /// The de-duplication group it shares content with; `None`: its own domain.
+    pub dedup_group: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -313,6 +344,8 @@ pub struct VmInfo {
 struct NewVm {
     id: u32,
     weights: Option<VmWeights>,
+    max_pools: Option<usize>,
+    dedup_group: Option<String>,
     data_token: Option<String>,
     admin_token: Option<String>,
 }
@@ -328,7 +361,14 @@ pub struct VmCredentials {
 
 fn vm_info(s: &ServerState, vm: VmId) -> Result<VmInfo, CacheError> {
     let weights = s.cache.vms().into_iter().find(|(id, _)| *id == vm).ok_or(CacheError::UnknownVm(vm))?.1;
-    Ok(VmInfo { id: vm.0, weights, pools: s.cache.pools(vm)?.len() })
+    let group = s.dedup_group_of(vm);
+    Ok(VmInfo {
+        id: vm.0,
+        weights,
+        pools: s.cache.pools(vm)?.len(),
+        max_pools: s.cache.vm_pool_quota(vm)?,
+        dedup_group: (!group.is_empty()).then_some(group),
+    })
 }
 
 async fn list_vms(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<VmInfo>>> {
@@ -345,10 +385,16 @@ async fn add_vm(
     host_auth(&s, &headers)?;
     let Json(n) = body?;
     let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, None)?;
-    let cfg =
-        VmConfig { id: n.id, weights: n.weights.unwrap_or(VmWeights::equal(100)), data_token, admin_token };
+    let cfg = VmConfig {
+        id: n.id,
+        weights: n.weights.unwrap_or(VmWeights::equal(100)),
+        data_token,
+        admin_token,
+        max_pools: n.max_pools,
+        dedup_group: n.dedup_group.unwrap_or_default(),
+    };
     let cfg2 = cfg.clone();
-    blocking(&s, move |s| s.add_vm(&cfg2)).await?;
+    registration_change(&s, move |s| s.add_vm(&cfg2)).await?;
     Ok((
         StatusCode::CREATED,
         Json(VmCredentials {
@@ -410,12 +456,36 @@ async fn replace_tokens(
     }
     let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, Some(VmId(vm)))?;
     let (d, a) = (data_token.clone(), admin_token.clone());
-    let info = blocking(&s, move |s| {
+    let info = registration_change(&s, move |s| {
         s.replace_tokens(VmId(vm), &d, &a)?;
-        vm_info(s, VmId(vm))
+        Ok::<_, PersistError>(vm_info(s, VmId(vm))?)
     })
     .await?;
     Ok(Json(VmCredentials { id: vm, weights: info.weights, data_token, admin_token }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Quota {
+    max_pools: usize,
+}
+
+/// Sets a VM's pool quota (pools beyond a lowered quota stay; the VM creates none until under it).
+async fn set_quota(
+    State(s): St,
+    headers: HeaderMap,
+    vm: Result<Path<u32>, PathRejection>,
+    body: Result<Json<Quota>, JsonRejection>,
+) -> ApiResult<Json<VmInfo>> {
+    host_auth(&s, &headers)?;
+    let Path(vm) = vm?;
+    let Json(q) = body?;
+    let info = registration_change(&s, move |s| {
+        s.set_vm_pool_quota(VmId(vm), q.max_pools)?;
+        Ok::<_, PersistError>(vm_info(s, VmId(vm))?)
+    })
+    .await?;
+    Ok(Json(info))
 }
 
 async fn get_vm(
@@ -435,7 +505,7 @@ async fn remove_vm(
 ) -> ApiResult<StatusCode> {
     host_auth(&s, &headers)?;
     let Path(vm) = vm?;
-    blocking(&s, move |s| s.remove_vm(VmId(vm))).await?;
+    registration_change(&s, move |s| s.remove_vm(VmId(vm))).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -448,9 +518,9 @@ async fn set_weights(
     host_auth(&s, &headers)?;
     let Path(vm) = vm?;
     let Json(w) = body?;
-    let info = blocking(&s, move |s| {
+    let info = registration_change(&s, move |s| {
         s.set_vm_weights(VmId(vm), w)?;
-        vm_info(s, VmId(vm))
+        Ok::<_, PersistError>(vm_info(s, VmId(vm))?)
     })
     .await?;
     Ok(Json(info))

@@ -14,8 +14,11 @@
 //! * every comparison of a presented token with a stored one is constant-time in the token's content
 //!   (`subtle`), and a lookup compares against every candidate rather than stopping at the first match,
 //!   so timing reveals neither which VM a token belongs to nor how much of it matched; an unknown VM
-//!   and a wrong token fail the same way. All token checks go through [`Stored::matches`] (the one
-//!   place that would compare against stored hashes instead).
+//!   and a wrong token fail the same way. All token checks go through [`Stored::matches`];
+//! * no token is kept in clear: the registry keeps, and `persist` writes, the SHA-256 of a per-daemon
+//!   salt and the token ([`TokenHash`]). Tokens are random 256-bit values or operator-chosen strings of
+//!   at least 16 printable characters; the salt keeps a stolen registrations file from being matched
+//!   against precomputed tables. A presented token is hashed once and compared with every candidate.
 //!
 //! Locks: the registry's map lock is a leaf and never held across an engine call or a revocation; a
 //! registration's gate (`enter`/`revoke`) is taken before any engine lock.
@@ -23,24 +26,49 @@
 use dd_engine::VmId;
 use parking_lot::{RwLock, RwLockReadGuard};
 use rand::RngCore;
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
-/// A stored token.
+/// The salted SHA-256 of a token: all the daemon keeps of it, in memory and on disk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenHash(pub [u8; 32]);
+
+impl TokenHash {
+    /// Lower-case hex (the registrations file's form).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    pub fn from_hex(s: &str) -> Option<TokenHash> {
+        let b = s.as_bytes();
+        if b.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        }
+        Some(TokenHash(out))
+    }
+}
+
+impl std::fmt::Debug for TokenHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenHash(..)")
+    }
+}
+
+/// A stored token (its hash).
 #[derive(Clone)]
-struct Stored(Vec<u8>);
+struct Stored(TokenHash);
 
 impl Stored {
-    fn new(t: &str) -> Stored {
-        Stored(t.as_bytes().to_vec())
-    }
-    /// Constant-time equality with a presented token (the length is not secret: tokens have public
-    /// lengths).
-    fn matches(&self, presented: &[u8]) -> bool {
-        self.0.len() == presented.len() && bool::from(self.0.ct_eq(presented))
+    /// Constant-time equality with the hash of a presented token.
+    fn matches(&self, presented: &TokenHash) -> bool {
+        bool::from(self.0 .0[..].ct_eq(&presented.0[..]))
     }
 }
 
@@ -67,6 +95,11 @@ impl std::fmt::Debug for Registration {
 pub type Entered<'a> = RwLockReadGuard<'a, bool>;
 
 impl Registration {
+    /// The hashes of the data-plane and admin tokens (for the registrations file).
+    pub fn token_hashes(&self) -> (TokenHash, TokenHash) {
+        (self.data_token.0, self.admin_token.0)
+    }
+
     /// Enters an operation: `None` once the registration is revoked. Keep the guard for the operation's
     /// length; revocation waits for it.
     pub fn enter(&self) -> Option<Entered<'_>> {
@@ -95,6 +128,7 @@ impl Registration {
 /// The token registry.
 #[derive(Debug)]
 pub struct Registry {
+    salt: [u8; 32],
     host_token: Stored,
     vms: RwLock<BTreeMap<VmId, Arc<Registration>>>,
     next_generation: AtomicU64,
@@ -115,38 +149,52 @@ pub fn generate_token() -> String {
 
 /// Why a token is not acceptable (the admin API names the field).
 pub fn token_problem(t: &str) -> Option<&'static str> {
-    if t.len() < crate::config::MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
-        return Some("must be 16 to 256 characters");
-    }
     // Printable ASCII only: a character is a byte (the data plane's limit is in bytes) and no
-    // whitespace can be lost or added by an HTTP header.
+    // whitespace can be lost or added by an HTTP header. Checked first, so that the length below
+    // counts characters (issue 12: 200 two-byte characters were refused as "more than 256").
     if !t.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
         return Some("must be printable ASCII without spaces (0x21-0x7e)");
+    }
+    if t.len() < crate::config::MIN_TOKEN_LEN || t.len() > dd_proto::MAX_TOKEN_BYTES {
+        return Some("must be 16 to 256 characters");
     }
     None
 }
 
 impl Registry {
-    pub fn new(host_token: &str) -> Registry {
-        Registry {
-            host_token: Stored::new(host_token),
+    /// A registry whose token hashes are salted with `salt` (the registrations file's, see `persist`).
+    pub fn new(host_token: &str, salt: [u8; 32]) -> Registry {
+        let mut r = Registry {
+            salt,
+            host_token: Stored(TokenHash([0; 32])),
             vms: RwLock::new(BTreeMap::new()),
             next_generation: AtomicU64::new(1),
-        }
+        };
+        r.host_token = Stored(r.hash(host_token.as_bytes()));
+        r
+    }
+
+    /// The salted hash of a token.
+    pub fn hash(&self, token: &[u8]) -> TokenHash {
+        let mut h = Sha256::new();
+        h.update(self.salt);
+        h.update(token);
+        TokenHash(h.finalize().into())
     }
 
     pub fn is_host(&self, token: &[u8]) -> bool {
-        self.host_token.matches(token)
+        self.host_token.matches(&self.hash(token))
     }
 
     /// The live registration of `vm` if `token` is its data-plane token. An unknown VM is compared
-    /// against a dummy token so it costs the same.
+    /// against a dummy hash so it costs the same.
     pub fn authenticate_data(&self, vm: VmId, token: &[u8]) -> Option<Arc<Registration>> {
+        let h = self.hash(token);
         let vms = self.vms.read();
         match vms.get(&vm) {
-            Some(r) => r.data_token.matches(token).then(|| r.clone()),
+            Some(r) => r.data_token.matches(&h).then(|| r.clone()),
             None => {
-                let _ = Stored(vec![0u8; token.len()]).matches(token);
+                let _ = Stored(TokenHash([0; 32])).matches(&h);
                 None
             }
         }
@@ -154,10 +202,11 @@ impl Registry {
 
     /// The registration whose VM-scope admin token this is.
     pub fn authenticate_admin(&self, token: &[u8]) -> Option<Arc<Registration>> {
+        let h = self.hash(token);
         let vms = self.vms.read();
         let mut found = None;
         for r in vms.values() {
-            if r.admin_token.matches(token) {
+            if r.admin_token.matches(&h) {
                 found = Some(r.clone());
             }
         }
@@ -167,11 +216,11 @@ impl Registry {
     /// Whether a token is already in use anywhere (tokens must be unique). `except` skips one VM's
     /// registration (its tokens are being replaced).
     pub fn token_in_use(&self, token: &str, except: Option<VmId>) -> bool {
-        let t = token.as_bytes();
-        let mut used = self.is_host(t);
+        let h = self.hash(token.as_bytes());
+        let mut used = self.host_token.matches(&h);
         for (id, r) in self.vms.read().iter() {
             if Some(*id) != except {
-                used |= r.data_token.matches(t) | r.admin_token.matches(t);
+                used |= r.data_token.matches(&h) | r.admin_token.matches(&h);
             }
         }
         used
@@ -179,11 +228,22 @@ impl Registry {
 
     /// Registers `vm` (a new generation). Replaces (and revokes) an earlier registration of the same id.
     pub fn insert(&self, vm: VmId, data_token: &str, admin_token: &str) -> Arc<Registration> {
+        let (d, a) = (self.hash(data_token.as_bytes()), self.hash(admin_token.as_bytes()));
+        self.insert_hashed(vm, d, a)
+    }
+
+    /// [`Registry::insert`] with the tokens' hashes (a registration restored from the file).
+    pub fn insert_hashed(
+        &self,
+        vm: VmId,
+        data_token: TokenHash,
+        admin_token: TokenHash,
+    ) -> Arc<Registration> {
         let reg = Arc::new(Registration {
             vm,
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
-            data_token: Stored::new(data_token),
-            admin_token: Stored::new(admin_token),
+            data_token: Stored(data_token),
+            admin_token: Stored(admin_token),
             live: RwLock::new(true),
             revoked_tx: watch::channel(false).0,
         });
@@ -218,6 +278,11 @@ impl Registry {
     pub fn contains(&self, vm: VmId) -> bool {
         self.vms.read().contains_key(&vm)
     }
+
+    /// The live registration of `vm`.
+    pub fn get(&self, vm: VmId) -> Option<Arc<Registration>> {
+        self.vms.read().get(&vm).cloned()
+    }
 }
 
 #[cfg(test)]
@@ -226,7 +291,7 @@ mod tests {
 
     #[test]
     fn tokens_authenticate_only_their_vm_and_scope() {
-        let r = Registry::new("host-token-0123456789");
+        let r = Registry::new("host-token-0123456789", [7; 32]);
         r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
         r.insert(VmId(2), "data-two-0123456789", "admin-two-0123456789");
         assert!(r.authenticate_data(VmId(1), b"data-one-0123456789").is_some());
@@ -246,7 +311,7 @@ mod tests {
 
     #[test]
     fn removal_and_replacement_revoke_the_old_registration() {
-        let r = Registry::new("host-token-0123456789");
+        let r = Registry::new("host-token-0123456789", [7; 32]);
         let a = r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
         assert!(a.enter().is_some());
         let mut rx = a.revoked();
@@ -259,6 +324,25 @@ mod tests {
         assert!(b.enter().is_none());
         let c = r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
         assert!(c.generation > b.generation && a.enter().is_none());
+    }
+
+    #[test]
+    fn tokens_are_kept_as_salted_hashes() {
+        let a = Registry::new("host-token-0123456789", [1; 32]);
+        let b = Registry::new("host-token-0123456789", [2; 32]);
+        let t = b"data-one-0123456789";
+        assert_ne!(a.hash(t), b.hash(t), "the salt changes the hash");
+        assert_eq!(a.hash(t), a.hash(t));
+        let reg = a.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
+        let (d, adm) = reg.token_hashes();
+        assert!(d == a.hash(t) && adm != d);
+        assert_eq!(TokenHash::from_hex(&d.to_hex()), Some(d));
+        assert_eq!(TokenHash::from_hex("zz"), None);
+        // A registration restored from its hashes authenticates the same tokens.
+        let c = Registry::new("host-token-0123456789", [1; 32]);
+        c.insert_hashed(VmId(1), d, adm);
+        assert!(c.authenticate_data(VmId(1), t).is_some());
+        assert_eq!(c.authenticate_admin(b"admin-one-0123456789").map(|r| r.vm), Some(VmId(1)));
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct AuthConfig {
     pub host_admin_token: String,
     /// Relative to `data_dir`. Default `admin.token`.
     pub token_file: PathBuf,
+    /// VM registrations made or changed at run time, kept across restarts (token hashes only, mode
+    /// 0600; `persist` module). Relative to `data_dir`; empty: not kept (every restart starts from the
+    /// configuration alone). Default `registrations.json`.
+    pub registrations_file: PathBuf,
 }
 
 /// Co-operative de-duplication between daemons (`coop` module, `docs/protocol.md` "Peer protocol").
@@ -88,12 +92,22 @@ pub struct CoopConfig {
     pub listen: String,
     /// This daemon's name among its peers; empty: the `listen` address. Default empty.
     pub node_name: String,
-    /// Shared secret every peer presents in its HELLO (at least 16 characters when enabled). Default
-    /// empty.
-    pub peer_secret: String,
-    /// Where the peer list comes from: `static` (`peers` below) or `etcd`. Default `static`.
+    /// The de-duplication group (`vms[].dedup_group`) whose pages are shared with peers: only they are
+    /// offered when evicted, published in the summary and pinned for peers. Required when enabled.
+    /// Default empty.
+    #[serde(default)]
+    pub dedup_group: String,
+    /// This daemon's private ed25519 key (base64 of the 32-byte seed), relative to `data_dir`; created
+    /// (mode 0600) at the first start when missing. Its public key goes into the other members'
+    /// `peers` lists (`doubledecker config coop-key FILE` prints it, and so does `GET /v1/host/coop`).
+    /// Default `coop.key`.
+    pub key_file: PathBuf,
+    /// Where the live peers and their addresses come from: `static` (`peers` below) or `etcd`. Default
+    /// `static`.
     pub membership: Membership,
-    /// Static membership: the other daemons. Default none.
+    /// The membership: every other daemon's name and public key (and, for `static`, its address).
+    /// Only these names are accepted on the peer listener, each proving its name with its key; with
+    /// `etcd` a registered name outside this list is ignored. Default none.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
     /// How often the summary is rebuilt and pushed to every peer. Default 120000 (120 s).
@@ -111,6 +125,13 @@ pub struct CoopConfig {
     /// Pins of a peer not heard from for this long are released (dead peer). Default 360000
     /// (three publication periods).
     pub pin_ttl_ms: u64,
+    /// Connections to the peer listener (in their HELLO or authenticated); when all are taken a new one
+    /// displaces the oldest still in its HELLO. Default 64.
+    #[serde(default = "default_coop_max_connections")]
+    pub max_connections: usize,
+    /// Time from accept to a completed peer HELLO; slower connections are closed. Default 5000.
+    #[serde(default = "default_coop_handshake_ms")]
+    pub handshake_timeout_ms: u64,
     /// The summary: `m_bits`, `k_hashes`, `removal` (`no-unset` or `counting`). Default 8 Mi bits, 7.
     pub bloom: dd_coop::BloomConfig,
     pub etcd: EtcdConfig,
@@ -124,14 +145,18 @@ pub enum Membership {
     Etcd,
 }
 
-/// One peer of the static membership.
+/// One member of the co-operative group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
     /// The peer's `coop.node_name`.
     pub name: String,
-    /// The peer's `coop.listen` address.
+    /// The peer's `coop.listen` address (static membership; with etcd it comes from etcd and may be
+    /// left out).
+    #[serde(default)]
     pub addr: String,
+    /// The peer's public key (base64, 32 bytes: what `doubledecker config coop-key` prints).
+    pub public_key: String,
 }
 
 /// etcd membership: each daemon keeps `prefix + node_name -> listen address` under a lease.
@@ -157,6 +182,21 @@ pub struct VmConfig {
     pub data_token: String,
     /// Bearer token of the admin API's VM scope; must differ from `data_token`.
     pub admin_token: String,
+    /// The VM's pool quota; default `engine.max_pools_per_vm`.
+    #[serde(default)]
+    pub max_pools: Option<usize>,
+    /// The de-duplication group the VM's pages share content with (its VMs can learn about each
+    /// other's content: see docs/protocol.md "Security"); empty (the default): a domain of its own.
+    #[serde(default)]
+    pub dedup_group: String,
+}
+
+fn default_coop_max_connections() -> usize {
+    64
+}
+
+fn default_coop_handshake_ms() -> u64 {
+    5000
 }
 
 fn default_weights() -> VmWeights {
@@ -360,6 +400,8 @@ impl ServerConfig {
             ("coop.request_timeout_ms", c.request_timeout_ms),
             ("coop.connect_timeout_ms", c.connect_timeout_ms),
             ("coop.pin_ttl_ms", c.pin_ttl_ms),
+            ("coop.handshake_timeout_ms", c.handshake_timeout_ms),
+            ("coop.max_connections", c.max_connections as u64),
             ("coop.etcd.lease_ttl_s", c.etcd.lease_ttl_s),
         ] {
             if v == 0 {
@@ -372,11 +414,17 @@ impl ServerConfig {
         if !self.engine.mem.dedup {
             return Err(invalid("coop.enabled", "needs engine.mem.dedup = true"));
         }
+        if c.dedup_group.is_empty() {
+            return Err(invalid(
+                "coop.dedup_group",
+                "name the de-duplication group whose pages are shared with peers (VMs join it with dedup_group)",
+            ));
+        }
         c.listen
             .parse::<SocketAddr>()
             .map_err(|_| invalid("coop.listen", "not an address like 127.0.0.1:7413"))?;
-        if c.peer_secret.len() < MIN_TOKEN_LEN {
-            return Err(invalid("coop.peer_secret", "shorter than 16 characters"));
+        if c.key_file.as_os_str().is_empty() {
+            return Err(invalid("coop.key_file", "must not be empty"));
         }
         let me = self.coop_node_name();
         if me.len() > dd_coop::wire::MAX_NAME {
@@ -393,9 +441,13 @@ impl ServerConfig {
                     "names this daemon or another peer twice",
                 ));
             }
-            p.addr.parse::<SocketAddr>().map_err(|_| {
-                invalid(format!("coop.peers[{i}].addr"), "not an address like 127.0.0.1:7413")
-            })?;
+            if c.membership == Membership::Static || !p.addr.is_empty() {
+                p.addr.parse::<SocketAddr>().map_err(|_| {
+                    invalid(format!("coop.peers[{i}].addr"), "not an address like 127.0.0.1:7413")
+                })?;
+            }
+            dd_coop::identity::parse_public(&p.public_key)
+                .map_err(|e| invalid(format!("coop.peers[{i}].public_key"), e.to_string()))?;
         }
         if c.membership == Membership::Etcd && !c.etcd.endpoint.starts_with("http://") {
             return Err(invalid("coop.etcd.endpoint", "must be an http:// URL"));
@@ -449,15 +501,21 @@ mod tests {
                 "vms[0].admin_token",
             ),
             ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
-            ("[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"", "coop.enabled"),
+            ("[coop]\nenabled = true", "coop.enabled"),
+            ("[engine.mem]\ndedup = true\n[coop]\nenabled = true", "coop.dedup_group"),
             (
-                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"short\"",
-                "coop.peer_secret",
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\nkey_file = \"\"",
+                "coop.key_file",
             ),
             (
-                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\npeer_secret = \"0123456789abcdef\"\n\
-                 [[coop.peers]]\nname = \"b\"\naddr = \"nowhere\"",
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\n\
+                 [[coop.peers]]\nname = \"b\"\naddr = \"nowhere\"\npublic_key = \"\"",
                 "coop.peers[0].addr",
+            ),
+            (
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\n\
+                 [[coop.peers]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\npublic_key = \"AAAA\"",
+                "coop.peers[0].public_key",
             ),
             ("[coop.bloom]\nm_bits = 100", "coop.bloom.m_bits"),
             ("[coop]\npublish_interval_ms = 0", "coop.publish_interval_ms"),

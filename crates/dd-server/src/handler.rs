@@ -154,6 +154,7 @@ pub fn begin_session(
         page_size: state.cache.page_size() as u32,
         max_batch: state.max_batch,
         max_payload: state.max_payload,
+        instance: Some(state.instance),
     }
     .encode(sess.version, h.op, h.request_id, out);
     Status::OK

@@ -5,7 +5,8 @@
 //! (HTTP/JSON, host and VM scopes) with Prometheus metrics, and graceful shutdown.
 //!
 //! Module map: [`config`] (serde configuration, embedded default, `validate()`), [`auth`] (tokens,
-//! constant-time checks), [`state`] (what every part shares, lock order), [`handler`] (one frame in,
+//! constant-time checks), [`persist`] (the registrations file: run-time VM registrations kept across
+//! restarts), [`state`] (what every part shares, lock order), [`handler`] (one frame in,
 //! one response out, no I/O but a remotified get's bounded peer fetch: the fuzz target drives it),
 //! [`net`] (listeners, connection loop, per connection bounds, blocking policy), [`admin`] (axum
 //! routes), [`metrics`], [`coop`] (co-operative de-duplication: peer listener, client, remotifier,
@@ -24,7 +25,10 @@ pub mod etcd;
 pub mod handler;
 pub mod metrics;
 pub mod net;
+pub mod persist;
+pub mod provisioner;
 pub mod state;
+pub mod ui;
 
 pub use config::ServerConfig;
 pub use state::ServerState;
@@ -76,6 +80,9 @@ pub struct Bound {
     pub coop: Option<SocketAddr>,
     /// Where the host admin token was read from or written to (absent when it came from the config).
     pub token_file: Option<PathBuf>,
+    /// This start's instance id (what HELLO returns), as 16 hex digits.
+    #[serde(default)]
+    pub instance: String,
 }
 
 /// Resolves the host admin token: from the configuration, else from the token file, else a fresh one
@@ -208,7 +215,8 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| ServerError::Io(format!("creating data_dir {}: {e}", cfg.data_dir.display())))?;
     let (token, token_file) = host_token(&cfg)?;
-    raise_nofile((cfg.limits.max_connections + admission::MAX_REFUSING + 256) as u64);
+    let coop_conns = if cfg.coop.enabled { cfg.coop.max_connections } else { 0 };
+    raise_nofile((cfg.limits.max_connections + admission::MAX_REFUSING + coop_conns + 256) as u64);
     let state = Arc::new(ServerState::new(&cfg, &token)?);
 
     let tcp = if cfg.listen.tcp.is_empty() {
@@ -258,6 +266,7 @@ pub async fn run(
         admin: admin_listener.local_addr().map_err(|e| ServerError::Io(e.to_string()))?,
         pid: std::process::id(),
         token_file,
+        instance: format!("{:016x}", state.instance),
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -285,11 +294,21 @@ pub async fn run(
     drop(done_tx);
 
     if let Some(l) = coop_listener {
-        let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name())?;
+        let key = coop::load_or_create_key(&cfg.in_data_dir(&cfg.coop.key_file))?;
+        let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name(), key)?;
         let _ = state.coop.set(coop.clone());
         let (st, c, stop) = (state.clone(), coop.clone(), stop_rx.clone());
+        // Peer connections have slots of their own (no per-VM cap: every peer counts as one "VM").
+        let peer_slots = admission::Admission::new(
+            cfg.coop.max_connections,
+            cfg.coop.max_connections,
+            Arc::new(metrics::Metrics::new()),
+        );
         accept_tasks.push(spawn_accept_loop("coop", stop_rx.clone(), accept_tcp(Arc::new(l)), move |s| {
-            tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone()));
+            // At the limit with no HELLO to displace: the connection is closed at once.
+            if let Some(slot) = peer_slots.accept() {
+                tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
+            }
         }));
         let (c, mut stop, period) =
             (coop.clone(), stop_rx.clone(), Duration::from_millis(cfg.coop.publish_interval_ms));

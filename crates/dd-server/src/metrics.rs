@@ -82,7 +82,12 @@ impl Metrics {
     }
 
     /// Renders every metric in the Prometheus text format.
-    pub fn render(&self, stats: &HostStats, coop: Option<&crate::coop::CoopReport>) -> String {
+    pub fn render(
+        &self,
+        stats: &HostStats,
+        ssd: Option<&dd_engine::store::ssd::SsdIoStats>,
+        coop: Option<&crate::coop::CoopReport>,
+    ) -> String {
         let mut reg = Registry::default();
         let requests = Family::<Labels, Counter>::default();
         for o in 0..OP_SLOTS {
@@ -150,6 +155,27 @@ impl Metrics {
         }
         reg.register("dd_store_capacity_pages", "Store capacity in pages", store_capacity);
         reg.register("dd_store_used_pages", "Pages held by the store", store_used);
+        if let Some(io) = ssd {
+            // A failing disk must be visible: the daemon keeps serving the memory store meanwhile.
+            for (name, help, v) in [
+                ("dd_ssd_writes", "SSD page writes that completed", io.writes),
+                ("dd_ssd_reads", "SSD page reads served from the file", io.reads),
+                ("dd_ssd_write_errors", "SSD page writes that failed (the page is lost)", io.write_errors),
+                ("dd_ssd_read_errors", "SSD page reads that failed (served as misses)", io.read_errors),
+                (
+                    "dd_ssd_writes_refused",
+                    "Pages refused because the SSD store was failing",
+                    io.writes_refused,
+                ),
+            ] {
+                reg.register(name, help, counter(v));
+            }
+            reg.register(
+                "dd_ssd_failing",
+                "1 while the SSD store's last write failed (new pages refused but for probes)",
+                gauge(io.failing as u64),
+            );
+        }
 
         let pool_used = Family::<Labels, Gauge>::default();
         let pool_ent = Family::<Labels, Gauge>::default();
@@ -159,18 +185,22 @@ impl Metrics {
         let pool_evictions = Family::<Labels, Counter>::default();
         let pool_misses = Family::<Labels, Counter>::default();
         let pool_refused = Family::<Labels, Counter>::default();
+        let pool_lost = Family::<Labels, Counter>::default();
         let pool_remotified = Family::<Labels, Counter>::default();
         let pool_remote_pages = Family::<Labels, Gauge>::default();
         let pool_remote_hits = Family::<Labels, Counter>::default();
         let pool_remote_misses = Family::<Labels, Counter>::default();
         let vm_used = Family::<Labels, Gauge>::default();
         let vm_ent = Family::<Labels, Gauge>::default();
+        let pool_eff = Family::<Labels, Gauge>::default();
+        let vm_eff = Family::<Labels, Gauge>::default();
         for vm in &stats.vms {
             for p in &vm.pools {
                 let base =
                     vec![("vm".to_string(), vm.vm.to_string()), ("pool".to_string(), p.pool.to_string())];
                 pool_misses.get_or_create(&base).inc_by(p.counters.gets_missed);
                 pool_refused.get_or_create(&base).inc_by(p.counters.puts_refused);
+                pool_lost.get_or_create(&base).inc_by(p.counters.pages_lost);
                 pool_remotified.get_or_create(&base).inc_by(p.counters.remotified);
                 pool_remote_pages.get_or_create(&base).set(p.counters.remote_pages as i64);
                 pool_remote_hits.get_or_create(&base).inc_by(p.counters.remote_gets_hit);
@@ -181,6 +211,7 @@ impl Metrics {
                     l.push(("store".into(), s.name().into()));
                     pool_used.get_or_create(&l).set(c.used as i64);
                     pool_ent.get_or_create(&l).set(c.entitlement as i64);
+                    pool_eff.get_or_create(&l).set(c.effective_entitlement as i64);
                     pool_puts.get_or_create(&l).inc_by(c.puts);
                     pool_hits.get_or_create(&l).inc_by(c.gets_hit);
                     pool_flushes.get_or_create(&l).inc_by(c.flushes);
@@ -192,18 +223,34 @@ impl Metrics {
                     vec![("vm".to_string(), vm.vm.to_string()), ("store".to_string(), s.name().to_string())];
                 vm_used.get_or_create(&l).set(vm.totals.store(s).used as i64);
                 vm_ent.get_or_create(&l).set(vm.totals.store(s).entitlement as i64);
+                vm_eff.get_or_create(&l).set(vm.totals.store(s).effective_entitlement as i64);
             }
         }
         reg.register("dd_pool_used_pages", "Pages a pool holds per store", pool_used);
-        reg.register("dd_pool_entitlement_pages", "A pool's entitlement per store", pool_ent);
+        reg.register("dd_pool_entitlement_pages", "A pool's static entitlement per store", pool_ent);
+        reg.register(
+            "dd_pool_effective_entitlement_pages",
+            "A pool's effective entitlement per store (under-used shares lent by weight)",
+            pool_eff,
+        );
         reg.register("dd_pool_puts", "Pages stored by puts", pool_puts);
         reg.register("dd_pool_gets_hit", "Gets served", pool_hits);
         reg.register("dd_pool_flushes", "Pages flushed", pool_flushes);
         reg.register("dd_pool_evictions", "Pages evicted", pool_evictions);
         reg.register("dd_pool_gets_missed", "Gets that missed", pool_misses);
         reg.register("dd_pool_puts_refused", "Puts not stored", pool_refused);
+        reg.register(
+            "dd_pool_pages_lost",
+            "Pages dropped because the SSD could not give them back (read or write error)",
+            pool_lost,
+        );
         reg.register("dd_vm_used_pages", "Pages a VM holds per store", vm_used);
-        reg.register("dd_vm_entitlement_pages", "A VM's entitlement per store", vm_ent);
+        reg.register("dd_vm_entitlement_pages", "A VM's static entitlement per store", vm_ent);
+        reg.register(
+            "dd_vm_effective_entitlement_pages",
+            "A VM's effective entitlement per store (under-used shares lent by weight)",
+            vm_eff,
+        );
         reg.register("dd_pool_remotified", "Evicted pages remotified to a peer", pool_remotified);
         reg.register("dd_pool_remote_pages", "Remotified pages a pool refers to now", pool_remote_pages);
         reg.register("dd_pool_remote_gets_hit", "Remotified gets served by a peer", pool_remote_hits);
@@ -242,6 +289,13 @@ impl Metrics {
                     "Pins released because their peer went silent",
                     c.pins_released_ttl,
                 ),
+                (
+                    "dd_coop_references_dropped",
+                    "Remote references forgotten (peer restarted or unreachable past the pin lifetime)",
+                    c.references_dropped,
+                ),
+                ("dd_coop_peer_failures", "Failed requests to peers", c.peer_failures),
+                ("dd_coop_auth_failures", "Peer handshakes refused", c.auth_failures),
             ] {
                 reg.register(name, help, counter(v));
             }

@@ -332,3 +332,122 @@ pub fn drive(state: &ServerState, sess: &mut Session, bytes: &[u8]) -> (Vec<u8>,
         }
     }
 }
+
+/// Checks what the server wrote on one connection (the oracle of the `request_handler` fuzz target
+/// and of the tests below): whole frames only, each within the frame limit (`max_payload`), and on a
+/// connection that never authenticated only short frames (an error message of at most
+/// `MAX_ERROR_MESSAGE_BYTES`): an unauthenticated client gets nothing large. Returns what is wrong.
+pub fn check_responses(state: &ServerState, out: &[u8], authenticated: bool) -> Result<(), String> {
+    let mut at = 0;
+    while at < out.len() {
+        let (h, n) = match split_frame(&out[at..], u32::MAX) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Err(format!("a partial response frame at byte {at}")),
+            Err(e) => return Err(format!("a response frame at byte {at} does not parse: {e}")),
+        };
+        if h.payload_len > state.max_payload {
+            return Err(format!(
+                "a {}-byte response exceeds the frame limit {}",
+                h.payload_len, state.max_payload
+            ));
+        }
+        if !authenticated && h.payload_len as usize > dd_proto::MAX_ERROR_MESSAGE_BYTES {
+            return Err(format!("a {}-byte response before authentication", h.payload_len));
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dd_proto::frame::Header;
+    use rand::{Rng, SeedableRng};
+
+    const TOKEN: &str = "test-data-token-0001";
+
+    fn state(max_payload: u32) -> ServerState {
+        let cfg = crate::ServerConfig::from_toml(&format!(
+            "ssd_enabled = false\n[auth]\nhost_admin_token = \"test-host-token-0001\"\n\
+             [limits]\nmax_payload_bytes = {max_payload}\n\
+             [engine]\nmaintenance = \"inline\"\nmax_batch_pages = 2\n[engine.mem]\ncapacity_bytes = 1048576\n\
+             [[vms]]\nid = 1\ndata_token = \"{TOKEN}\"\nadmin_token = \"test-admin-token-001\"\n"
+        ))
+        .unwrap();
+        ServerState::new(&cfg, "test-host-token-0001").unwrap()
+    }
+
+    fn hello(token: &str, out: &mut Vec<u8>) {
+        dd_proto::Request::Hello { min_version: 1, max_version: 1, vm: 1, token: token.as_bytes() }
+            .encode(1, 0, out);
+    }
+
+    /// The fuzz target's checks on seeded random connections: no HELLO (the pre-authentication path),
+    /// a wrong token, a valid HELLO; random frames (some announcing large payloads) and random tails.
+    #[test]
+    fn drive_random_inputs_answers_within_the_frame_limit() {
+        let st = state(65536);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        for case in 0..3000u64 {
+            let mut sess = Session::new();
+            let mut input = Vec::new();
+            match case % 3 {
+                1 => hello(TOKEN, &mut input),
+                2 => hello("not-the-token-of-vm-1", &mut input),
+                _ => {}
+            }
+            for _ in 0..rng.gen_range(0..5) {
+                let op = rng.gen_range(0..18u8);
+                let len: u32 =
+                    if rng.gen_bool(0.1) { rng.gen_range(0..3_000_000) } else { rng.gen_range(0..48) };
+                let flags = if rng.gen_bool(0.05) { rng.gen() } else { 0 };
+                Header { version: 1, op, flags, status: 0, request_id: case, payload_len: len }
+                    .encode(&mut input);
+                let body = len.min(4096) as usize;
+                input.extend((0..body).map(|_| rng.gen::<u8>()));
+            }
+            if rng.gen_bool(0.2) {
+                input.extend((0..rng.gen_range(1..64)).map(|_| rng.gen::<u8>()));
+            }
+            let (out, _) = drive(&st, &mut sess, &input);
+            check_responses(&st, &out, sess.registration().is_some())
+                .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        }
+    }
+
+    /// Before HELLO a frame larger than a HELLO is refused at its header (nothing of it is read) and
+    /// the connection closed; VM_STATS of a VM with many pools stays within a small frame limit.
+    #[test]
+    fn pre_authentication_limit_and_stats_within_the_frame_limit() {
+        let st = state(16384);
+        let mut sess = Session::new();
+        let mut input = Vec::new();
+        Header {
+            version: 1,
+            op: 1,
+            flags: 0,
+            status: 0,
+            request_id: 1,
+            payload_len: MAX_HELLO_PAYLOAD_BYTES + 1,
+        }
+        .encode(&mut input);
+        let (out, flow) = drive(&st, &mut sess, &input);
+        assert_eq!(flow, Flow::Close);
+        check_responses(&st, &out, false).unwrap();
+        let (h, _) = split_frame(&out, u32::MAX).unwrap().unwrap();
+        assert_eq!(h.status(), Status::FRAME_TOO_LARGE);
+
+        let mut sess = Session::new();
+        let mut input = Vec::new();
+        hello(TOKEN, &mut input);
+        let spec = dd_engine::PoolOptions::ephemeral(dd_engine::Spec::Mem { weight: 1 });
+        for i in 0..200u64 {
+            dd_proto::Request::CreatePool(spec).encode(1, i + 2, &mut input);
+        }
+        dd_proto::Request::VmStats.encode(1, 999, &mut input);
+        let (out, _) = drive(&st, &mut sess, &input);
+        assert!(sess.registration().is_some());
+        check_responses(&st, &out, true).unwrap();
+    }
+}

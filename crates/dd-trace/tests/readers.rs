@@ -156,3 +156,40 @@ fn format_guess_follows_the_extension() {
     assert_eq!(Format::guess(Path::new("a/b.CSV")), Format::Csv { column: 1 });
     assert_eq!(Format::guess(Path::new("a/b.oracleGeneral.zst")), Format::OracleGeneral);
 }
+
+/// What the `trace_reader` fuzz target checks, over seeded random inputs (so `./scripts/test` covers
+/// it on machines without cargo-fuzz): no panic, and plain oracle-general streams decode record for
+/// record or report the stray bytes.
+#[test]
+fn readers_survive_random_bytes() {
+    use dd_trace::{CsvReader, OracleGeneralReader, Source, ORACLE_GENERAL_RECORD_BYTES};
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for case in 0..3000 {
+        let len = (next() % 400) as usize;
+        let mut data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        match case % 4 {
+            0 if len >= 4 => data[..4].copy_from_slice(&[0x28, 0xb5, 0x2f, 0xfd]), // zstd magic, garbage after
+            1 => data.iter_mut().for_each(|b| *b = b",\n0123456789xa\"\r"[*b as usize % 16]), // CSV-ish
+            _ => {}
+        }
+        let src = |d: &Vec<u8>| Source::from_reader("random", std::io::Cursor::new(d.clone()), None);
+        let mut og = OracleGeneralReader::new(src(&data)).unwrap();
+        let compressed = og.is_compressed();
+        match read_all(&mut og) {
+            Ok(r) if !compressed => assert_eq!(r.len() * ORACLE_GENERAL_RECORD_BYTES, data.len()),
+            Err(TraceError::Truncated { bytes, .. }) => {
+                assert_eq!(bytes, data.len() % ORACLE_GENERAL_RECORD_BYTES)
+            }
+            _ => {}
+        }
+        for column in 1..=3 {
+            let _ = read_all(&mut CsvReader::new(src(&data), column).unwrap());
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! `doubledecker vm ...`, `pool ...`, `stats ...`: a thin client of the daemon's admin API
-//! (`docs/admin-api.yaml`). The URL comes from `--admin-url` or `DD_ADMIN_URL`; the host token from
-//! `--token`, `DD_ADMIN_TOKEN` or the daemon's token file (`dd-data/admin.token`); the VM-scope token
-//! of `pool` commands from `--token` or `DD_VM_TOKEN`.
+//! (`docs/admin-api.yaml`). One token story for every command: the URL comes from `--admin-url` or
+//! `DD_ADMIN_URL`; the host admin token from `--token`, `DD_HOST_TOKEN` or the daemon's token file
+//! (`dd-data/admin.token`); a VM's admin token (`pool`, `stats --vm`) from `--token` or
+//! `DD_VM_ADMIN_TOKEN`; a VM's data-plane token (`guest watch`, `mount`) from `--token` or
+//! `DD_VM_DATA_TOKEN`. The older names `DD_ADMIN_TOKEN` and `DD_VM_TOKEN` still work.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -9,72 +11,153 @@ use dd_client::admin::AdminClient;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
+/// The admin API's address. Every command that talks to the admin API takes the same form,
+/// `http://HOST:PORT` (a bare `HOST:PORT` is read as `http://HOST:PORT`).
 #[derive(Args, Debug, Clone)]
-pub struct Conn {
-    /// Admin API base URL.
+pub struct ApiUrl {
+    /// Admin API base URL, `http://HOST:PORT`.
     #[arg(long, env = "DD_ADMIN_URL", default_value = "http://127.0.0.1:7412", global = true)]
     admin_url: String,
-    /// Bearer token (host scope for `vm` and `stats`, VM scope for `pool` and `stats --vm`).
-    #[arg(long, global = true)]
+}
+
+/// Host scope (`vm ...`): the host admin token.
+#[derive(Args, Debug, Clone)]
+pub struct HostConn {
+    #[command(flatten)]
+    url: ApiUrl,
+    /// The host admin token (default: $DD_HOST_TOKEN, else the token file).
+    #[arg(long, env = "DD_HOST_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
-    /// Token file read when no token is given (host scope).
+    /// The file holding the host admin token, read when neither --token nor $DD_HOST_TOKEN is given;
+    /// the daemon writes it in its data directory.
     #[arg(long, default_value = "dd-data/admin.token", global = true)]
     token_file: PathBuf,
 }
 
-impl Conn {
-    fn host_token(&self) -> Result<String> {
-        if let Some(t) = &self.token {
-            return Ok(t.clone());
-        }
-        if let Ok(t) = std::env::var("DD_ADMIN_TOKEN") {
-            return Ok(t);
-        }
-        let t = std::fs::read_to_string(&self.token_file).with_context(|| {
-            format!("no --token, no DD_ADMIN_TOKEN, and cannot read {}", self.token_file.display())
-        })?;
-        Ok(t.trim().to_string())
-    }
+/// VM scope (`pool ...`): one VM's admin token.
+#[derive(Args, Debug, Clone)]
+pub struct VmConn {
+    #[command(flatten)]
+    url: ApiUrl,
+    /// The VM's admin token, printed by `vm add` (`vm tokens ID --rotate` replaces a lost one).
+    #[arg(long, env = "DD_VM_ADMIN_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+}
 
-    fn vm_token(&self) -> Result<String> {
-        self.token
-            .clone()
-            .or_else(|| std::env::var("DD_VM_TOKEN").ok())
-            .ok_or_else(|| anyhow!("VM-scope commands need --token or DD_VM_TOKEN (the VM's admin token)"))
-    }
+/// `stats`: host scope, or VM scope with `--vm`.
+#[derive(Args, Debug, Clone)]
+pub struct StatsConn {
+    #[command(flatten)]
+    url: ApiUrl,
+    /// The host admin token (default: $DD_HOST_TOKEN, else --token-file); with --vm, the VM's admin
+    /// token (default: $DD_VM_ADMIN_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    /// Without --vm: the file holding the host admin token, read when neither --token nor
+    /// $DD_HOST_TOKEN is given.
+    #[arg(long, default_value = "dd-data/admin.token")]
+    token_file: PathBuf,
+}
 
+/// The environment variable holding a VM's admin token (`pool`, `stats --vm`).
+pub const VM_ADMIN_TOKEN_ENV: &str = "DD_VM_ADMIN_TOKEN";
+/// The environment variable holding a VM's data-plane token (`guest watch`, `mount`).
+pub const VM_DATA_TOKEN_ENV: &str = "DD_VM_DATA_TOKEN";
+
+/// The first of `names` set in the environment (non-empty).
+fn env_first(names: &[&str]) -> Option<String> {
+    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+/// The host admin token: the flag (clap already read $DD_HOST_TOKEN into it), then the older name
+/// `DD_ADMIN_TOKEN` scripts may still set, then the token file.
+fn host_token(token: &Option<String>, file: &std::path::Path) -> Result<String> {
+    if let Some(t) = token.clone().or_else(|| env_first(&["DD_HOST_TOKEN", "DD_ADMIN_TOKEN"])) {
+        return Ok(t);
+    }
+    let t = std::fs::read_to_string(file)
+        .with_context(|| format!("no --token, no DD_HOST_TOKEN, and cannot read {}", file.display()))?;
+    Ok(t.trim().to_string())
+}
+
+/// A VM's admin token: the flag ($DD_VM_ADMIN_TOKEN), then the older name `DD_VM_TOKEN`.
+fn vm_token(token: &Option<String>) -> Result<String> {
+    token.clone().or_else(|| env_first(&[VM_ADMIN_TOKEN_ENV, "DD_VM_TOKEN"])).ok_or_else(|| {
+        anyhow!(
+            "VM-scope commands need the VM's admin token: --token or {VM_ADMIN_TOKEN_ENV} \
+             (`vm add` prints it; `vm tokens ID --rotate` replaces a lost one)"
+        )
+    })
+}
+
+impl ApiUrl {
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value> {
         Ok(AdminClient::new(&self.admin_url).call(method, path, token, body.as_ref())?)
     }
 }
 
+/// How `vm add` and `vm tokens --rotate` print a VM's credentials.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct CredsFormat {
+    /// Print the JSON answer of the admin API instead of text.
+    #[arg(long, conflicts_with = "env")]
+    json: bool,
+    /// Print `export DD_VM_ADMIN_TOKEN=...` and `export DD_VM_DATA_TOKEN=...` lines, for
+    /// `eval "$(doubledecker vm add ID --env)"`.
+    #[arg(long)]
+    env: bool,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum VmCommand {
-    /// Register a VM; prints its data-plane and admin tokens (shown only once).
+    /// Register a VM; prints its data-plane and admin tokens (shown only once: `--env` prints them as
+    /// shell exports).
     Add {
+        /// The VM's id (any number not yet registered).
         id: u32,
+        /// The VM's weight in the memory store.
         #[arg(long, default_value_t = 100)]
         mem_weight: u32,
+        /// The VM's weight in the SSD store.
         #[arg(long, default_value_t = 100)]
         ssd_weight: u32,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: CredsFormat,
     },
     /// List VMs.
     List {
+        /// Print the JSON answer of the admin API instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Change a VM's weights.
     SetWeights {
+        /// The VM's id.
         id: u32,
+        /// The new weight in the memory store.
         #[arg(long)]
         mem: u32,
+        /// The new weight in the SSD store.
         #[arg(long)]
         ssd: u32,
     },
+    /// Replace a VM's data-plane and admin tokens (for a lost or leaked token); its pools stay, and
+    /// sessions and requests of the old tokens are cut off.
+    Tokens {
+        /// The VM's id.
+        id: u32,
+        /// Generate new tokens and print them (required: tokens are never shown again after they are
+        /// issued).
+        #[arg(long, required = true)]
+        rotate: bool,
+        #[command(flatten)]
+        format: CredsFormat,
+    },
     /// Remove a VM and every pool it has.
-    Remove { id: u32 },
+    Remove {
+        /// The VM's id.
+        id: u32,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -90,28 +173,39 @@ pub enum PoolCommand {
         /// SSD weight of a hybrid spec.
         #[arg(long, default_value_t = 100)]
         ssd_weight: u32,
+        /// A persistent pool (its pages survive until the pool is destroyed; the default, ephemeral,
+        /// drops a page once it is read back).
         #[arg(long)]
         persistent: bool,
+        /// Print the JSON answer of the admin API instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List the VM's pools.
     List {
+        /// Print the JSON answer of the admin API instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Change a pool's <T, W>.
     SetSpec {
+        /// The pool's id (as `pool create` or `pool list` print it).
         pool: u32,
+        /// mem, ssd, hybrid or none.
         #[arg(long)]
         store: String,
+        /// Weight (mem, ssd) or memory weight (hybrid).
         #[arg(long, default_value_t = 100)]
         weight: u32,
+        /// SSD weight of a hybrid spec.
         #[arg(long, default_value_t = 100)]
         ssd_weight: u32,
     },
     /// Destroy a pool and its pages.
-    Destroy { pool: u32 },
+    Destroy {
+        /// The pool's id.
+        pool: u32,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -149,32 +243,35 @@ fn spec_text(s: &Value) -> String {
     }
 }
 
-pub fn vm(conn: &Conn, c: VmCommand) -> Result<()> {
-    let t = conn.host_token()?;
+pub fn vm(c_: &HostConn, c: VmCommand) -> Result<()> {
+    let t = host_token(&c_.token, &c_.token_file)?;
+    let conn = &c_.url;
     match c {
-        VmCommand::Add { id, mem_weight, ssd_weight, json } => {
+        VmCommand::Add { id, mem_weight, ssd_weight, format } => {
             let r = conn.call(
                 "POST",
                 "/v1/vms",
                 &t,
                 Some(json!({ "id": id, "weights": { "mem": mem_weight, "ssd": ssd_weight } })),
             )?;
-            if json {
-                println!("{r}");
-            } else {
-                println!("vm {} registered (weights mem {} ssd {})", r["id"], mem_weight, ssd_weight);
-                println!("data token:  {}", r["data_token"].as_str().unwrap_or(""));
-                println!("admin token: {}", r["admin_token"].as_str().unwrap_or(""));
-            }
+            print_creds(
+                &r,
+                format,
+                &format!("vm {} registered (weights mem {mem_weight} ssd {ssd_weight})", r["id"]),
+            );
+        }
+        VmCommand::Tokens { id, rotate: _, format } => {
+            let r = conn.call("POST", &format!("/v1/vms/{id}/tokens"), &t, Some(json!({})))?;
+            print_creds(&r, format, &format!("vm {id}: new tokens (the old ones no longer work)"));
         }
         VmCommand::List { json } => {
             let r = conn.call("GET", "/v1/vms", &t, None)?;
             if json {
-                println!("{r}");
+                outln!("{r}");
             } else {
-                println!("{:>6} {:>10} {:>10} {:>6}", "vm", "mem_weight", "ssd_weight", "pools");
+                outln!("{:>6} {:>10} {:>10} {:>6}", "vm", "mem_weight", "ssd_weight", "pools");
                 for v in r.as_array().into_iter().flatten() {
-                    println!(
+                    outln!(
                         "{:>6} {:>10} {:>10} {:>6}",
                         txt(&v["id"]),
                         txt(&v["weights"]["mem"]),
@@ -186,26 +283,52 @@ pub fn vm(conn: &Conn, c: VmCommand) -> Result<()> {
         }
         VmCommand::SetWeights { id, mem, ssd } => {
             conn.call("PUT", &format!("/v1/vms/{id}/weights"), &t, Some(json!({ "mem": mem, "ssd": ssd })))?;
-            println!("vm {id}: weights mem {mem} ssd {ssd}");
+            outln!("vm {id}: weights mem {mem} ssd {ssd}");
         }
         VmCommand::Remove { id } => {
             conn.call("DELETE", &format!("/v1/vms/{id}"), &t, None)?;
-            println!("vm {id} removed");
+            outln!("vm {id} removed");
         }
     }
     Ok(())
 }
 
+/// A VM's credentials as the admin API returns them (`VmCredentials`), in the format asked for.
+fn print_creds(r: &Value, f: CredsFormat, headline: &str) {
+    let data = r["data_token"].as_str().unwrap_or("");
+    let admin = r["admin_token"].as_str().unwrap_or("");
+    if f.json {
+        outln!("{r}");
+    } else if f.env {
+        // Tokens are URL-safe text; single quotes keep any shell from reading them anyway.
+        outln!("export {VM_ADMIN_TOKEN_ENV}='{admin}'");
+        outln!("export {VM_DATA_TOKEN_ENV}='{data}'");
+    } else {
+        outln!("{headline}");
+        outln!("data token:  {data}    (guest watch, mount: --token or {VM_DATA_TOKEN_ENV})");
+        outln!("admin token: {admin}    (pool, stats --vm: --token or {VM_ADMIN_TOKEN_ENV})");
+    }
+}
+
 fn print_pools(pools: &[Value]) {
-    println!(
+    outln!(
         "{:>6} {:>4} {:>10} {:<14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "pool", "vm", "kind", "spec", "mem_used", "ssd_used", "mem_ent", "puts", "hits", "misses"
+        "pool",
+        "vm",
+        "kind",
+        "spec",
+        "mem_used",
+        "ssd_used",
+        "mem_ent",
+        "puts",
+        "hits",
+        "misses"
     );
     for p in pools {
         let c = &p["counters"];
         let puts = c["mem"]["puts"].as_u64().unwrap_or(0) + c["ssd"]["puts"].as_u64().unwrap_or(0);
         let hits = c["mem"]["gets_hit"].as_u64().unwrap_or(0) + c["ssd"]["gets_hit"].as_u64().unwrap_or(0);
-        println!(
+        outln!(
             "{:>6} {:>4} {:>10} {:<14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             txt(&p["pool"]),
             txt(&p["vm"]),
@@ -219,10 +342,12 @@ fn print_pools(pools: &[Value]) {
             txt(&c["gets_missed"])
         );
     }
+    outln!("(mem_used, ssd_used and mem_ent in pages; puts, hits and misses are counts since the pool was created)");
 }
 
-pub fn pool(conn: &Conn, c: PoolCommand) -> Result<()> {
-    let t = conn.vm_token()?;
+pub fn pool(c_: &VmConn, c: PoolCommand) -> Result<()> {
+    let t = vm_token(&c_.token)?;
+    let conn = &c_.url;
     match c {
         PoolCommand::Create { store, weight, ssd_weight, persistent, json } => {
             let body = json!({
@@ -231,15 +356,15 @@ pub fn pool(conn: &Conn, c: PoolCommand) -> Result<()> {
             });
             let r = conn.call("POST", "/v1/vm/pools", &t, Some(body))?;
             if json {
-                println!("{r}");
+                outln!("{r}");
             } else {
-                println!("pool {} created ({})", r["pool"], spec_text(&r["spec"]));
+                outln!("pool {} created ({})", r["pool"], spec_text(&r["spec"]));
             }
         }
         PoolCommand::List { json } => {
             let r = conn.call("GET", "/v1/vm/pools", &t, None)?;
             if json {
-                println!("{r}");
+                outln!("{r}");
             } else {
                 print_pools(r.as_array().map(|v| &v[..]).unwrap_or(&[]));
             }
@@ -251,53 +376,57 @@ pub fn pool(conn: &Conn, c: PoolCommand) -> Result<()> {
                 &t,
                 Some(spec(&store, weight, ssd_weight)?),
             )?;
-            println!("pool {pool}: {}", spec_text(&r["spec"]));
+            outln!("pool {pool}: {}", spec_text(&r["spec"]));
         }
         PoolCommand::Destroy { pool } => {
             conn.call("DELETE", &format!("/v1/vm/pools/{pool}"), &t, None)?;
-            println!("pool {pool} destroyed");
+            outln!("pool {pool} destroyed");
         }
     }
     Ok(())
 }
 
-pub fn stats(conn: &Conn, a: StatsArgs) -> Result<()> {
+pub fn stats(c_: &StatsConn, a: StatsArgs) -> Result<()> {
+    let conn = &c_.url;
     let r = if a.vm {
-        conn.call("GET", "/v1/vm/stats", &conn.vm_token()?, None)?
+        conn.call("GET", "/v1/vm/stats", &vm_token(&c_.token)?, None)?
     } else {
-        conn.call("GET", "/v1/stats", &conn.host_token()?, None)?
+        conn.call("GET", "/v1/stats", &host_token(&c_.token, &c_.token_file)?, None)?
     };
     if a.json {
-        println!("{r}");
+        outln!("{r}");
         return Ok(());
     }
     let vms: Vec<Value> =
         if a.vm { vec![r.clone()] } else { r["vms"].as_array().cloned().unwrap_or_default() };
     if !a.vm {
-        println!(
+        outln!(
             "mode {}  page {} B  eviction batch {} pages",
             txt(&r["mode"]),
             txt(&r["page_size"]),
             txt(&r["eviction_batch_pages"])
         );
-        println!("{:<6} {:>12} {:>12}", "store", "capacity", "used");
+        outln!("{:<6} {:>12} {:>12}", "store", "capacity", "used");
         for s in r["stores"].as_array().into_iter().flatten().filter(|s| s["configured"] == true) {
-            println!(
-                "{:<6} {:>12} {:>12}",
-                txt(&s["kind"]),
-                txt(&s["capacity_pages"]),
-                txt(&s["used_pages"])
-            );
+            outln!("{:<6} {:>12} {:>12}", txt(&s["kind"]), txt(&s["capacity_pages"]), txt(&s["used_pages"]));
         }
-        println!();
+        outln!();
     }
-    println!(
+    outln!(
         "{:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "vm", "mem_w", "ssd_w", "mem_used", "ssd_used", "mem_ent", "ssd_ent"
+        "vm",
+        "mem_w",
+        "ssd_w",
+        "mem_used",
+        "ssd_used",
+        "mem_ent",
+        "ssd_ent"
     );
+    let mut idle = false;
     for v in &vms {
         let t = &v["totals"];
-        println!(
+        idle |= v["pools"].as_array().is_none_or(|p| p.is_empty());
+        outln!(
             "{:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             txt(&v["vm"]),
             txt(&v["weights"]["mem"]),
@@ -308,7 +437,13 @@ pub fn stats(conn: &Conn, a: StatsArgs) -> Result<()> {
             txt(&t["ssd"]["entitlement"])
         );
     }
-    println!();
+    outln!("(used and entitlement (_ent) in pages; a VM's entitlement in a store is 0 until one of its pools uses that store)");
+    if idle {
+        outln!(
+            "(a VM without pools holds no entitlement: create a pool with `pool create` or `guest watch`)"
+        );
+    }
+    outln!();
     let pools: Vec<Value> =
         vms.iter().flat_map(|v| v["pools"].as_array().cloned().unwrap_or_default()).collect();
     print_pools(&pools);

@@ -14,6 +14,9 @@ pub enum BenchCommand {
     Dedup(DedupArgs),
     /// The lab emulator's guest page accesses per second on one core, full stack.
     Lab(LabArgs),
+    /// Miss-ratio curves: references per CPU second of exact, SHARDS and miniature simulation on one
+    /// oracle-general trace (a synthetic 10-million-reference one unless `--trace` is given).
+    Mrc(MrcArgs),
     /// The daemon over TCP loopback against memcached: same load generator, connections, pipeline
     /// depth, batch size, 4 KiB values, key distribution and get/put mix.
     Server(ServerArgs),
@@ -30,6 +33,7 @@ pub struct FuseArgs {
     /// Total size of the file set, MiB.
     #[arg(long, default_value_t = 64)]
     file_set_mib: u64,
+    /// Number of files the file set is split into (equal sizes).
     #[arg(long, default_value_t = 16)]
     files: u32,
     /// The container's first-level page cache, MiB.
@@ -86,6 +90,8 @@ pub struct ServerArgs {
     /// The memcached executable.
     #[arg(long, default_value = "memcached")]
     memcached: PathBuf,
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
 }
@@ -107,11 +113,39 @@ pub struct LabArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct DedupArgs {
+pub struct MrcArgs {
+    /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// An existing oracle-general trace to use instead of a synthetic one.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Keep the synthetic trace at this path (to run other tools on the same file).
+    #[arg(long, conflicts_with = "trace")]
+    keep_trace: Option<PathBuf>,
+    /// Synthetic trace: references.
+    #[arg(long, default_value_t = 10_000_000)]
+    requests: u64,
+    /// Synthetic trace: distinct objects (zipf ranks).
+    #[arg(long, default_value_t = 10_000_000)]
+    keys: u64,
+    /// Synthetic trace: the zipf exponent.
+    #[arg(long, default_value_t = 0.9)]
+    zipf: f64,
+    /// Skip the miniature-simulation runs.
+    #[arg(long)]
+    no_minisim: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DedupArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Distinct pages put in each configuration.
     #[arg(long, default_value_t = 32_768)]
     working_set_pages: u64,
+    /// Length of each measurement, in seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
     /// Pages for the co-operative part (two daemons on loopback: remotify and remotified-get
@@ -142,6 +176,8 @@ pub struct StoreArgs {
     /// Minimum measuring time per configuration, in seconds.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
 }
@@ -166,6 +202,8 @@ pub struct SsdArgs {
     /// Buffered I/O on both sides instead of O_DIRECT.
     #[arg(long)]
     buffered: bool,
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
 }
@@ -180,41 +218,44 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 seed: a.seed,
                 ..Default::default()
             };
-            let r = dd_bench::store::run(&opts, &mut |msg| eprintln!("bench store: {msg}"))
+            let r = dd_bench::store::run(&opts, &mut |msg| errln!("bench store: {msg}"))
                 .context("bench store failed")?;
             if a.json {
-                println!("{}", serde_json::to_string(&r)?);
+                outln!("{}", serde_json::to_string(&r)?);
             } else {
-                println!("threads                {:>14}", r.threads);
-                println!("memcpy     pages/s     {:>14.0}", r.memcpy_pages_per_s);
-                println!(
+                outln!("threads                {:>14}", r.threads);
+                outln!("memcpy     pages/s     {:>14.0}", r.memcpy_pages_per_s);
+                outln!(
                     "put        pages/s     {:>14.0}  ({:.2} of memcpy)",
-                    r.put_pages_per_s, r.put_vs_memcpy
+                    r.put_pages_per_s,
+                    r.put_vs_memcpy
                 );
-                println!(
+                outln!(
                     "get (hit)  pages/s     {:>14.0}  ({:.2} of memcpy)",
-                    r.get_hit_pages_per_s, r.get_hit_vs_memcpy
+                    r.get_hit_pages_per_s,
+                    r.get_hit_vs_memcpy
                 );
-                println!("get (miss) per s       {:>14.0}", r.get_miss_per_s);
+                outln!("get (miss) per s       {:>14.0}", r.get_miss_per_s);
                 if let (Some(p), Some(g)) = (r.put_scaling, r.get_hit_scaling) {
-                    println!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x");
+                    outln!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x");
                 }
-                println!("stats identity holds   {:>14}", r.identity_holds);
+                outln!("stats identity holds   {:>14}", r.identity_holds);
             }
         }
         BenchCommand::Server(a) => server(a)?,
         BenchCommand::Fuse(a) => fuse(a)?,
         BenchCommand::Lab(a) => lab(a)?,
+        BenchCommand::Mrc(a) => mrc(a)?,
         BenchCommand::Dedup(a) => {
             let opts = dd_bench::dedup::DedupBenchOptions {
                 working_set_pages: a.working_set_pages,
                 duration_secs: a.seconds,
                 ..Default::default()
             };
-            eprintln!("bench dedup: plain, dedup (unique pages), dedup (16 contents), {} s each", a.seconds);
+            errln!("bench dedup: plain, dedup (unique pages), dedup (16 contents), {} s each", a.seconds);
             let r = dd_bench::dedup::run(&opts).context("bench dedup failed")?;
             let remote = if a.remote_pages > 0 {
-                eprintln!(
+                errln!(
                     "bench dedup: two daemons on loopback, {} pages remotified and fetched",
                     a.remote_pages
                 );
@@ -228,41 +269,42 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 None
             };
             if a.json {
-                println!("{}", serde_json::to_string(&DedupOutput { local: &r, remote: remote.as_ref() })?);
+                outln!("{}", serde_json::to_string(&DedupOutput { local: &r, remote: remote.as_ref() })?);
             } else {
-                println!("plain put          pages/s {:>12.0}", r.plain_put_pages_per_s);
-                println!(
+                outln!("plain put          pages/s {:>12.0}", r.plain_put_pages_per_s);
+                outln!(
                     "dedup put, unique  pages/s {:>12.0}  (cost {:.2}x plain)",
-                    r.dedup_unique_put_pages_per_s, r.dedup_unique_cost_vs_plain
+                    r.dedup_unique_put_pages_per_s,
+                    r.dedup_unique_cost_vs_plain
                 );
-                println!(
+                outln!(
                     "dedup put, 16 contents    {:>12.0}  (cost {:.2}x plain, {} frames)",
                     r.dedup_duplicate_put_pages_per_s,
                     r.dedup_duplicate_cost_vs_plain,
                     r.dedup_duplicate_frames
                 );
-                println!(
+                outln!(
                     "lz4 put, compressible     {:>12.0}  (cost {:.2}x plain, {} frames)",
                     r.lz4_compressible_put_pages_per_s,
                     r.lz4_compressible_cost_vs_plain,
                     r.lz4_compressible_frames
                 );
-                println!(
+                outln!(
                     "lz4 put, incompressible   {:>12.0}  (cost {:.2}x plain)",
-                    r.lz4_incompressible_put_pages_per_s, r.lz4_incompressible_cost_vs_plain
+                    r.lz4_incompressible_put_pages_per_s,
+                    r.lz4_incompressible_cost_vs_plain
                 );
                 if let Some(m) = &remote {
-                    println!("remotified pages          {:>12}", m.remotified);
-                    println!("remotify        p50/p99 us {:>6} / {}", m.remotify_p50_us, m.remotify_p99_us);
-                    println!("local get       p50/p99 us {:>6} / {}", m.local_get_p50_us, m.local_get_p99_us);
-                    println!(
+                    outln!("remotified pages          {:>12}", m.remotified);
+                    outln!("remotify        p50/p99 us {:>6} / {}", m.remotify_p50_us, m.remotify_p99_us);
+                    outln!("local get       p50/p99 us {:>6} / {}", m.local_get_p50_us, m.local_get_p99_us);
+                    outln!(
                         "remote get      p50/p99 us {:>6} / {}  (target p50 < 200: {})",
-                        m.remote_get_p50_us, m.remote_get_p99_us, m.remote_get_target_met
+                        m.remote_get_p50_us,
+                        m.remote_get_p99_us,
+                        m.remote_get_target_met
                     );
-                    println!(
-                        "peer fetch      p50/p99 us {:>6} / {}",
-                        m.peer_fetch_p50_us, m.peer_fetch_p99_us
-                    );
+                    outln!("peer fetch      p50/p99 us {:>6} / {}", m.peer_fetch_p50_us, m.peer_fetch_p99_us);
                 }
             }
         }
@@ -275,21 +317,22 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 direct: !a.buffered,
                 seed: a.seed,
             };
-            eprintln!(
+            errln!(
                 "bench ssd: filling {} MiB, then {} s of reads for the store and for fio",
-                a.file_size_mib, a.seconds
+                a.file_size_mib,
+                a.seconds
             );
             let r = dd_bench::ssd::run(&opts).context("bench ssd failed")?;
             if a.json {
-                println!("{}", serde_json::to_string(&r)?);
+                outln!("{}", serde_json::to_string(&r)?);
             } else {
-                println!("file system            {} ({})", r.file_system, r.dir);
-                println!("queue depth            {} ({} threads)", r.queue_depth, r.reader_threads);
-                println!("direct I/O             {}", r.direct_io);
-                println!("backend                {}", r.io_backend);
-                println!("doubledecker IOPS      {:>10.0}", r.dd_iops);
-                println!("fio IOPS               {:>10.0}", r.fio_iops);
-                println!("ratio                  {:>10.2}", r.ratio);
+                outln!("file system            {} ({})", r.file_system, r.dir);
+                outln!("queue depth            {} ({} threads)", r.queue_depth, r.reader_threads);
+                outln!("direct I/O             {}", r.direct_io);
+                outln!("backend                {}", r.io_backend);
+                outln!("doubledecker IOPS      {:>10.0}", r.dd_iops);
+                outln!("fio IOPS               {:>10.0}", r.fio_iops);
+                outln!("ratio                  {:>10.2}", r.ratio);
             }
         }
     }
@@ -312,14 +355,14 @@ fn server(a: ServerArgs) -> Result<()> {
         seed: a.seed,
         ..Default::default()
     };
-    let r = dd_bench::server::run(&opts, &mut |msg| eprintln!("bench server: {msg}"))
+    let r = dd_bench::server::run(&opts, &mut |msg| errln!("bench server: {msg}"))
         .context("bench server failed")?;
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
     let p = &r.parameters;
-    println!(
+    outln!(
         "{} connections x depth {} x batch {}, {} B values, {:.0}% gets, {} keys ({}), {} server threads",
         p.connections,
         p.pipeline_depth,
@@ -330,18 +373,30 @@ fn server(a: ServerArgs) -> Result<()> {
         p.key_distribution,
         p.server_threads
     );
-    println!(
+    outln!(
         "{:<14} {:>12} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "server", "ops/s", "hit", "get p50", "get p99", "put p50", "put p99"
+        "server",
+        "ops/s",
+        "hit",
+        "get p50",
+        "get p99",
+        "put p50",
+        "put p99"
     );
     for s in std::iter::once(&r.doubledecker).chain(r.memcached.as_ref()) {
-        println!(
+        outln!(
             "{:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us",
-            s.server, s.ops_per_s, s.get_hit_ratio, s.get_p50_us, s.get_p99_us, s.put_p50_us, s.put_p99_us
+            s.server,
+            s.ops_per_s,
+            s.get_hit_ratio,
+            s.get_p50_us,
+            s.get_p99_us,
+            s.put_p50_us,
+            s.put_p99_us
         );
     }
     if let (Some(x), Some(p99)) = (r.ratio_ops, r.p99_no_worse) {
-        println!("ops/s ratio {x:.2} (target >= 1.5), p99 no worse: {p99}");
+        outln!("ops/s ratio {x:.2} (target >= 1.5), p99 no worse: {p99}");
     }
     Ok(())
 }
@@ -357,21 +412,30 @@ fn fuse(a: FuseArgs) -> Result<()> {
         dir: a.dir,
     };
     let r =
-        dd_bench::fuse::run(&opts, &mut |msg| eprintln!("bench fuse: {msg}")).context("bench fuse failed")?;
+        dd_bench::fuse::run(&opts, &mut |msg| errln!("bench fuse: {msg}")).context("bench fuse failed")?;
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{} MiB in {} files, first level {} MiB, backing read latency {} us, cgroup v{}",
-        a.file_set_mib, a.files, a.l1_mib, a.backing_read_latency_us, r.cgroup_version
+        a.file_set_mib,
+        a.files,
+        a.l1_mib,
+        a.backing_read_latency_us,
+        r.cgroup_version
     );
-    println!(
+    outln!(
         "{:<16} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "run", "cold s", "re-read s", "MiB/s", "pool hits", "backing rd"
+        "run",
+        "cold s",
+        "re-read s",
+        "MiB/s",
+        "pool hits",
+        "backing rd"
     );
     for x in [&r.without_daemon, &r.with_daemon] {
-        println!(
+        outln!(
             "{:<16} {:>9.3} {:>10.3} {:>10.1} {:>10} {:>10}",
             if x.daemon { "with daemon" } else { "without daemon" },
             x.cold_s,
@@ -381,32 +445,65 @@ fn fuse(a: FuseArgs) -> Result<()> {
             x.backing_reads
         );
     }
-    println!("speed-up of re-reads {:.2}x", r.speedup);
+    outln!("speed-up of re-reads {:.2}x", r.speedup);
     Ok(())
 }
 
 fn lab(a: LabArgs) -> Result<()> {
     let opts =
         dd_bench::lab::LabBenchOptions { scenario: a.scenario, scale: a.scale, duration_secs: a.seconds };
-    let r =
-        dd_bench::lab::run(&opts, &mut |msg| eprintln!("bench lab: {msg}")).context("bench lab failed")?;
+    let r = dd_bench::lab::run(&opts, &mut |msg| errln!("bench lab: {msg}")).context("bench lab failed")?;
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?);
     } else {
-        println!("scenario               {} at scale {}", r.scenario, r.scale);
-        println!("runs                   {:>14}", r.runs);
-        println!("page accesses          {:>14}", r.accesses);
-        println!("wall / CPU seconds     {:>14.2} / {:.2}", r.wall_s, r.cpu_s);
-        println!("accesses per wall s    {:>14.0}", r.accesses_per_wall_s);
-        println!(
+        outln!("scenario               {} at scale {}", r.scenario, r.scale);
+        outln!("runs                   {:>14}", r.runs);
+        outln!("page accesses          {:>14}", r.accesses);
+        outln!("wall / CPU seconds     {:>14.2} / {:.2}", r.wall_s, r.cpu_s);
+        outln!("accesses per wall s    {:>14.0}", r.accesses_per_wall_s);
+        outln!(
             "accesses per CPU s     {:>14.0}  (one core; target {:.0}: {})",
             r.accesses_per_cpu_s,
             r.target_accesses_per_s,
             if r.meets_target { "met" } else { "missed" }
         );
-        println!("page-cache misses      {:>14}", r.page_cache_misses);
-        println!("engine gets / puts     {:>14} / {}", r.engine_gets, r.engine_puts);
-        println!("verified hits          {:>14}", r.verified_hits);
+        outln!("page-cache misses      {:>14}", r.page_cache_misses);
+        outln!("engine gets / puts     {:>14} / {}", r.engine_gets, r.engine_puts);
+        outln!("verified hits          {:>14}", r.verified_hits);
+    }
+    Ok(())
+}
+
+fn mrc(a: MrcArgs) -> Result<()> {
+    let opts = dd_bench::mrc::MrcBenchOptions {
+        trace: a.trace,
+        keep_trace: a.keep_trace,
+        requests: a.requests,
+        keys: a.keys,
+        zipf: a.zipf,
+        minisim: !a.no_minisim,
+        ..Default::default()
+    };
+    let r = dd_bench::mrc::run(&opts, &mut |msg| errln!("bench mrc: {msg}")).context("bench mrc failed")?;
+    if a.json {
+        outln!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    outln!("trace {}: {} requests, {} distinct", r.trace, r.requests, r.unique);
+    for m in &r.runs {
+        let target = match (m.target_per_cpu_s, m.meets_target) {
+            (Some(t), Some(met)) => {
+                format!("  (target {:.0} M: {})", t / 1e6, if met { "met" } else { "missed" })
+            }
+            _ => String::new(),
+        };
+        let mae = m.mae_vs_exact.map_or(String::new(), |e| format!("  MAE vs exact LRU {e:.4}"));
+        outln!(
+            "{:<24} {:>8.2} M req per CPU s  ({:.2} CPU s){target}{mae}",
+            m.method,
+            m.requests_per_cpu_s / 1e6,
+            m.cpu_s
+        );
     }
     Ok(())
 }

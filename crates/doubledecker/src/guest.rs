@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dd_guest::{GuestProvisioner, ProvisionFileConfig, WatchConfig, Watcher};
+use dd_guest::{GuestProvisioner, ProvisionFileConfig, RoundReport, WatchConfig, Watcher};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,15 +15,19 @@ pub enum GuestCommand {
     Watch(WatchArgs),
     /// Provision the containers of a `doubledecker mount` to targets: from the curves the mount samples,
     /// set each one's first-level budget, pool spec and (where configured) cgroup memory limit. Prints
-    /// each round's plan as a JSON line; an infeasible target is reported on stderr.
+    /// each round's plan as a JSON line; an infeasible target is reported on stderr; with `[admin]` each
+    /// round is also reported to the daemon's admin API (`DD_VM_ADMIN_TOKEN`), where `/ui/` shows it.
     Provision(ProvisionArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct ProvisionArgs {
-    /// The provisioner's TOML configuration (`dd_guest::ProvisionFileConfig`).
+    /// The provisioner's TOML configuration (README "Provisioning to targets", "On a real guest").
     #[arg(long)]
     config: PathBuf,
+    /// This VM's data-plane token (printed by `vm add`); overrides the file's `daemon.data_token`.
+    #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Print the plan for what the mount published now, change nothing, exit (3 if a target is
     /// infeasible).
     #[arg(long)]
@@ -36,29 +40,38 @@ pub struct ProvisionArgs {
 /// Exit status of a one-shot round whose plan cannot meet every target.
 const INFEASIBLE_EXIT: i32 = 3;
 
+fn say_infeasible(r: &RoundReport) {
+    if !r.feasible {
+        errln!(
+            "guest provision: infeasible: {} (no plan within the budget meets their targets)",
+            r.infeasible.join(", ")
+        );
+    }
+}
+
+/// Sends an applied round to the admin API (`[admin]`); a daemon that cannot take it is said, and the
+/// rounds go on (the settings are applied whether or not anyone watches).
+fn report_to_admin(p: &GuestProvisioner, r: &RoundReport) {
+    if let Err(e) = p.publish(r) {
+        errln!("guest provision: {e}");
+    }
+}
+
 fn provision(a: ProvisionArgs) -> Result<()> {
-    let cfg = ProvisionFileConfig::from_file(&a.config)?;
+    let cfg = ProvisionFileConfig::load(&a.config, a.token.as_deref())?;
     let interval = Duration::from_millis(cfg.interval_ms);
     let mut p = GuestProvisioner::new(cfg).context("starting the provisioner")?;
-    let report = |r: &dd_guest::provision::RoundReport| -> Result<()> {
-        println!("{}", serde_json::to_string(r)?);
-        if !r.feasible {
-            eprintln!("guest provision: infeasible: {} (no plan meets their targets)", r.infeasible.join(", "));
-        }
-        Ok(())
-    };
     if a.dry_run || a.once {
         let Some(r) = p.round(a.dry_run)? else {
             anyhow::bail!("the mount has published no container yet ({})", p.config().stats_file.display());
         };
         if a.dry_run {
-            println!("{}", serde_json::to_string_pretty(&r)?);
-            if !r.feasible {
-                eprintln!("guest provision: infeasible: {}", r.infeasible.join(", "));
-            }
+            outln!("{}", serde_json::to_string_pretty(&r)?);
         } else {
-            report(&r)?;
+            outln!("{}", serde_json::to_string(&r)?);
+            report_to_admin(&p, &r);
         }
+        say_infeasible(&r);
         if !r.feasible {
             std::process::exit(INFEASIBLE_EXIT);
         }
@@ -69,10 +82,21 @@ fn provision(a: ProvisionArgs) -> Result<()> {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     while !stop.load(Ordering::Relaxed) {
-        if let Some(r) = p.round(false)? {
-            report(&r)?;
+        match p.round(false) {
+            Ok(Some(r)) => {
+                outln!("{}", serde_json::to_string(&r)?);
+                say_infeasible(&r);
+                report_to_admin(&p, &r);
+            }
+            Ok(None) => {}
+            // The daemon away, a file being replaced: said, and the next round tries again.
+            Err(e) => errln!("guest provision: {e}"),
         }
-        std::thread::sleep(interval);
+        // Sleep in short steps so that a signal does not wait a whole interval.
+        let until = std::time::Instant::now() + interval;
+        while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50).min(interval));
+        }
     }
     Ok(())
 }
@@ -82,6 +106,9 @@ pub struct WatchArgs {
     /// The watcher's TOML configuration.
     #[arg(long)]
     config: PathBuf,
+    /// This VM's data-plane token (printed by `vm add`); overrides the file's `daemon.data_token`.
+    #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Reconcile once and exit, leaving the pools in place (for scripts).
     #[arg(long)]
     once: bool,
@@ -91,12 +118,15 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
     match cmd {
         GuestCommand::Provision(a) => provision(a)?,
         GuestCommand::Watch(a) => {
-            let cfg = WatchConfig::from_file(&a.config)?;
+            let cfg = WatchConfig::load(&a.config, a.token.as_deref())?;
             let interval = Duration::from_millis(cfg.poll_interval_ms);
-            let mut w = Watcher::new(cfg).context("connecting to the daemon")?;
+            let mut w = Watcher::new(cfg)?;
             if a.once {
                 let ch = w.round()?;
-                println!("{}", serde_json::to_string(&ch)?);
+                if ch.away {
+                    anyhow::bail!("the daemon at {} cannot be reached", w.config().endpoint().address());
+                }
+                outln!("{}", serde_json::to_string(&ch)?);
                 return Ok(());
             }
             let stop = Arc::new(AtomicBool::new(false));
@@ -105,14 +135,23 @@ pub fn run(cmd: GuestCommand) -> Result<()> {
             }
             while !stop.load(Ordering::Relaxed) {
                 let ch = w.round()?;
+                if !ch.lost.is_empty() {
+                    errln!(
+                        "guest watch: the daemon restarted; creating the pools of {} again",
+                        ch.lost.join(", ")
+                    );
+                }
+                for n in &ch.adopted {
+                    errln!("guest watch: {n}: pool {} adopted", w.pools()[n].pool.0);
+                }
                 for n in &ch.created {
-                    eprintln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
+                    errln!("guest watch: {n}: pool {} created", w.pools()[n].pool.0);
                 }
                 for n in &ch.respecified {
-                    eprintln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
+                    errln!("guest watch: {n}: spec {:?}", w.pools()[n].spec);
                 }
                 for n in &ch.destroyed {
-                    eprintln!("guest watch: {n}: pool destroyed");
+                    errln!("guest watch: {n}: pool destroyed");
                 }
                 std::thread::sleep(interval);
             }

@@ -33,24 +33,28 @@ pub struct RunArgs {
     /// Overrides the scenario's seed.
     #[arg(long)]
     seed: Option<u64>,
-    /// Directory for the SSD store's scratch file (default: /dev/shm if writable, else the temp dir).
+    /// Directory for the SSD store's unnamed scratch file (default: /dev/shm when the run fits in memory
+    /// with it there, else /var/tmp). A memory-backed directory counts as memory.
     #[arg(long)]
     scratch_dir: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-    /// Variants run side by side on up to this many threads (default: one per core). Each has its own
-    /// engine, so the outputs do not depend on it; memory use grows with it.
+    /// Variants run side by side on up to this many threads (default: one per core), never more than fit
+    /// in the memory available above 20% of the total. Each has its own engine, so the outputs do not
+    /// depend on it.
     #[arg(long)]
     jobs: Option<usize>,
     /// Run against a running daemon's data plane (`unix:PATH` or `tcp:HOST:PORT`) instead of the
     /// in-process engine; it must run the lab's engine settings (docs/scenario-format.md).
     #[arg(long, requires_all = ["admin", "token"])]
     daemon: Option<String>,
-    /// The daemon's admin API address (`HOST:PORT`).
-    #[arg(long)]
+    /// The daemon's admin API, `http://HOST:PORT` as for every other command (`--admin HOST:PORT`, the
+    /// older form, still works).
+    #[arg(long = "admin-url", alias = "admin", env = "DD_ADMIN_URL")]
     admin: Option<String>,
-    /// The daemon's host admin token (registers the scenario's VMs, sets capacities and mode).
+    /// The daemon's host admin token (registers the scenario's VMs, sets capacities and mode); default
+    /// $DD_HOST_TOKEN.
     #[arg(long, env = "DD_HOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -58,14 +62,11 @@ pub struct RunArgs {
 pub fn run(cmd: LabCommand) -> Result<()> {
     match cmd {
         LabCommand::List => {
+            let width = bundled::SCENARIOS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
             for (name, _) in bundled::SCENARIOS {
                 let s = bundled::get(name)?;
-                let first = s.description.trim().lines().next().unwrap_or("").to_string();
-                println!(
-                    "{name:<28} {} variant(s), {} check(s)  {first}",
-                    s.variant_list().len(),
-                    s.checks.len()
-                );
+                let what = format!("{} variant(s), {} check(s)", s.variant_list().len(), s.checks.len());
+                outln!("{name:<width$}  {what:<24}  {}", summary(&s.description, 72));
             }
             Ok(())
         }
@@ -77,13 +78,14 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 vec![load(&name)?]
             };
             let daemon = match (&a.daemon, &a.admin, &a.token) {
-                (Some(d), Some(admin), Some(token)) => Some(dd_lab::remote::DaemonTarget {
-                    data: dd_lab::remote::DataAddr::parse(d)?,
+                (Some(d), Some(admin), Some(token)) => Some(dd_lab::sim::remote::DaemonTarget {
+                    data: dd_lab::sim::remote::DataAddr::parse(d)?,
+                    // `AdminClient` takes `http://HOST:PORT` and `HOST:PORT` alike.
                     admin: admin.clone(),
                     host_token: token.clone(),
                 }),
                 (None, _, _) => None,
-                _ => bail!("--daemon needs --admin and --token (or DD_HOST_TOKEN)"),
+                _ => bail!("--daemon needs --admin-url (or DD_ADMIN_URL) and --token (or DD_HOST_TOKEN)"),
             };
             let mut results = Vec::new();
             let mut failed = Vec::new();
@@ -96,6 +98,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                     scratch_dir: a.scratch_dir.clone(),
                     daemon: daemon.clone(),
                     jobs: a.jobs,
+                    host_memory: None,
                 };
                 let res = run_one(sc, &opts, &dir, a.quiet)?;
                 if !res.all_passed() {
@@ -106,8 +109,8 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             if a.all {
                 let refs: Vec<(&str, &dd_lab::ScenarioResult)> =
                     results.iter().map(|(n, r)| (n.as_str(), r)).collect();
-                dd_lab::plot::write_index(&refs, &a.out)?;
-                println!("index: {}", a.out.join("index.html").display());
+                dd_lab::results::plot::write_index(&refs, &a.out)?;
+                outln!("index: {}", a.out.join("index.html").display());
             }
             if !failed.is_empty() {
                 bail!("checks failed in: {}", failed.join(", "));
@@ -115,6 +118,23 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The description on one line, cut at a word boundary to at most `max` characters ("..." marks a cut).
+fn summary(description: &str, max: usize) -> String {
+    let words: Vec<&str> = description.split_whitespace().collect();
+    let mut line = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let room = if i + 1 == words.len() { max } else { max.saturating_sub(3) };
+        if line.chars().count() + usize::from(!line.is_empty()) + w.chars().count() > room {
+            return format!("{line}...");
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(w);
+    }
+    line
 }
 
 fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
@@ -128,7 +148,52 @@ fn load(name: &str) -> Result<(Scenario, Option<PathBuf>)> {
     Ok((sc, p.parent().map(Path::to_path_buf)))
 }
 
+/// Says what the memory plan is (stderr, unless quiet): the estimate, the jobs and the scratch file.
+fn report_plan(sc: &Scenario, p: &dd_lab::Prepared, opts: &RunOptions, quiet: bool) {
+    use dd_lab::sim::budget::gib;
+    let plan = &p.plan;
+    let want = opts.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let nvar = plan.estimates.len();
+    if plan.jobs < want.min(nvar) {
+        // Always said: the user asked for more (or has more cores) than fit.
+        errln!(
+            "{}: {} variant(s) side by side instead of {} (what fits in {} of memory above the 20% margin)",
+            sc.name,
+            plan.jobs,
+            want.min(nvar),
+            gib(plan.host.budget_bytes())
+        );
+    }
+    if quiet {
+        return;
+    }
+    let scratch = if opts.daemon.is_some() || plan.estimates.iter().all(|e| e.scratch_bytes == 0) {
+        String::new()
+    } else {
+        format!(", SSD scratch in {} (memory-backed)", plan.scratch_dir.display())
+    };
+    errln!(
+        "{}: estimated peak memory {} with {} variant(s) side by side, {} available of {}{scratch}",
+        sc.name,
+        gib(plan.peak_bytes),
+        plan.jobs,
+        gib(plan.host.available_bytes),
+        gib(plan.host.total_bytes),
+    );
+}
+
+/// The process's peak resident memory (`VmHWM`), if the kernel says.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:")?.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|k| k * 1024)
+}
+
 fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<dd_lab::ScenarioResult> {
+    let prepared = dd_lab::prepare(sc, opts).with_context(|| format!("scenario {}", sc.name))?;
+    report_plan(sc, &prepared, opts, quiet);
     // Progress is per run: a searching variant runs each of its candidates.
     let nvar = sc.run_list().len() as u64;
     let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(nvar * 1000) };
@@ -142,7 +207,7 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     let started = Instant::now();
     // Variants may run side by side: the bar is the sum of their fractions, the message the running ones.
     let mut done = vec![0f64; names.len()];
-    let res = dd_lab::run_scenario(sc, opts, &mut |vi, f| {
+    let res = dd_lab::run_prepared(&prepared, opts, &mut |vi, f| {
         if let Some(d) = done.get_mut(vi) {
             *d = f;
         }
@@ -158,20 +223,21 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     .with_context(|| format!("scenario {}", sc.name))?;
     pb.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
-    dd_lab::report::write_data(&res, dir)?;
-    dd_lab::plot::write_plots_and_report(&res, dir)?;
-    // Wall-clock figures go to the terminal only (never into summary.json / timeseries.csv).
-    println!(
-        "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), outputs in {}",
+    dd_lab::results::report::write_data(&res, dir)?;
+    dd_lab::results::plot::write_plots_and_report(&res, dir)?;
+    // Wall-clock and memory figures go to the terminal only (never into summary.json / timeseries.csv).
+    outln!(
+        "{}: {} variant(s), {:.1} s wall, {:.2} M page accesses ({:.2} M/s), peak RSS {} MiB, outputs in {}",
         sc.name,
         res.runs.len(),
         wall,
         res.accesses() as f64 / 1e6,
         res.accesses() as f64 / wall.max(1e-9) / 1e6,
+        peak_rss_bytes().map_or_else(|| "?".to_string(), |b| (b >> 20).to_string()),
         dir.display()
     );
     for c in &res.checks {
-        println!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
+        outln!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
     }
     Ok(res)
 }

@@ -1,11 +1,14 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 
+#[macro_use]
+mod out;
 mod admin_cli;
 mod bench;
 mod guest;
 mod lab;
 mod memctl;
 mod mount;
+mod mrc;
 mod serve;
 mod soak;
 
@@ -22,12 +25,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Benchmarks against same-run baselines (SPEC section 11).
+    /// Benchmarks, each against a baseline measured in the same run (results as ratios).
     Bench {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
-    /// The proportional-weight container memory controller on real cgroups (thesis 000, chapter 4).
+    /// The container memory controller on real cgroups: under memory pressure, usage follows the containers'
+    /// weights.
     Memctl {
         #[command(subcommand)]
         which: memctl::MemctlCommand,
@@ -37,21 +41,21 @@ enum Command {
     /// Host scope: register, list, reweigh and remove VMs (admin API).
     Vm {
         #[command(flatten)]
-        conn: admin_cli::Conn,
+        conn: admin_cli::HostConn,
         #[command(subcommand)]
         which: admin_cli::VmCommand,
     },
     /// VM scope: a VM's pools (containers) and their specs (admin API, the VM's admin token).
     Pool {
         #[command(flatten)]
-        conn: admin_cli::Conn,
+        conn: admin_cli::VmConn,
         #[command(subcommand)]
         which: admin_cli::PoolCommand,
     },
-    /// Statistics of the host (host token) or of one VM (`--vm`, the VM's admin token).
+    /// Statistics of the host (host token) or of one VM (`--vm`, the VM's admin token); sizes in pages.
     Stats {
         #[command(flatten)]
-        conn: admin_cli::Conn,
+        conn: admin_cli::StatsConn,
         #[command(flatten)]
         args: admin_cli::StatsArgs,
     },
@@ -70,7 +74,10 @@ enum Command {
     /// Serve a backing directory through DoubleDecker (FUSE): per-container first-level page caches whose
     /// evicted pages go to the containers' pools. Foreground; SIGINT/SIGTERM unmount.
     Mount(mount::MountArgs),
-    /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (SPEC section 10).
+    /// A trace's miss-ratio curve: exact LRU, SHARDS, or miniature simulation of LRU / FIFO / S3-FIFO
+    /// (CSV or libCacheSim oracle-general traces).
+    Mrc(mrc::MrcArgs),
+    /// The lab: a deterministic emulator of hosts, VMs, guest page caches and workloads (docs/scenario-format.md).
     Lab {
         #[command(subcommand)]
         which: lab::LabCommand,
@@ -91,7 +98,7 @@ fn main() -> Result<()> {
         Command::Serve(a) => {
             // One message, no backtrace: an operator reads this, and it names the bad field.
             if let Err(e) = serve::serve(a) {
-                eprintln!("doubledecker serve: {e:#}");
+                errln!("doubledecker serve: {e:#}");
                 std::process::exit(2);
             }
             Ok(())
@@ -104,5 +111,6 @@ fn main() -> Result<()> {
         Command::Lab { which } => lab::run(which),
         Command::Guest { which } => guest::run(which),
         Command::Mount(a) => mount::run(a),
+        Command::Mrc(a) => mrc::run(a),
     }
 }

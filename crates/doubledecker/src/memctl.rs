@@ -32,16 +32,37 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
+    /// The controller's TOML configuration (as for `memctl run`).
     #[arg(long)]
     config: PathBuf,
     /// Plan for this many bytes instead of the pressure signals' need.
     #[arg(long)]
     need_bytes: Option<u64>,
+    /// Print the plan as one JSON document.
     #[arg(long)]
     json: bool,
 }
 
-const MIB: f64 = 1024.0 * 1024.0;
+/// How far a container is above (positive) or below (negative) its weight's share, for people.
+fn signed_size(e: i128) -> String {
+    let abs = size(u64::try_from(e.unsigned_abs()).unwrap_or(u64::MAX));
+    if e < 0 {
+        format!("-{abs}")
+    } else {
+        abs
+    }
+}
+
+/// A size for people: bytes, KiB, MiB or GiB with one decimal, never "0.0 MiB" for a few pages.
+fn size(b: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, n) in UNITS {
+        if b >= n {
+            return format!("{:.1} {unit}", b as f64 / n as f64);
+        }
+    }
+    format!("{b} B")
+}
 
 pub fn run(cmd: MemctlCommand) -> Result<()> {
     match cmd {
@@ -55,19 +76,16 @@ pub fn run(cmd: MemctlCommand) -> Result<()> {
             let json = a.json;
             let print = move |r: &dd_memctl::daemon::RoundReport| {
                 if json {
-                    println!("{}", serde_json::to_string(r).unwrap_or_default());
+                    outln!("{}", serde_json::to_string(r).unwrap_or_default());
                 } else if r.need_bytes > 0 || !r.actions.is_empty() {
                     let freed: u64 = r.actions.iter().map(|x| x.freed).sum();
-                    let usage: Vec<String> = r
-                        .containers
-                        .iter()
-                        .map(|c| format!("{}={:.0}MiB", c.name, c.usage_after as f64 / MIB))
-                        .collect();
-                    println!(
-                        "need {:.0} MiB, {} actions, freed {:.0} MiB; {}",
-                        r.need_bytes as f64 / MIB,
+                    let usage: Vec<String> =
+                        r.containers.iter().map(|c| format!("{}={}", c.name, size(c.usage_after))).collect();
+                    outln!(
+                        "need {}, {} actions, freed {}; {}",
+                        size(r.need_bytes),
                         r.actions.len(),
-                        freed as f64 / MIB,
+                        size(freed),
                         usage.join(" ")
                     );
                 }
@@ -83,48 +101,44 @@ pub fn run(cmd: MemctlCommand) -> Result<()> {
             let mut ctl = Controller::new(cfg, RealIo).context("starting the memory controller")?;
             let (need, snap, actions) = ctl.plan(a.need_bytes);
             if a.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "need_bytes": need, "containers": snap, "actions": actions })
                 );
             } else {
-                println!("need {:.1} MiB", need as f64 / MIB);
-                println!(
+                outln!("need {}", size(need));
+                outln!(
                     "{:<20} {:>10} {:>7} {:>7} {:>12}",
-                    "container", "usage MiB", "weight", "class", "exceed MiB"
+                    "container",
+                    "usage",
+                    "weight",
+                    "class",
+                    "exceeds by"
                 );
                 let ex = dd_memctl::exceeds(&snap);
                 for (c, e) in snap.iter().zip(ex) {
-                    println!(
-                        "{:<20} {:>10.1} {:>7} {:>7} {:>12.1}",
+                    outln!(
+                        "{:<20} {:>10} {:>7} {:>7} {:>12}",
                         c.name,
-                        c.usage_bytes as f64 / MIB,
+                        size(c.usage_bytes),
                         c.weight,
                         format!("{:?}", c.class).to_lowercase(),
-                        e as f64 / MIB
+                        signed_size(e)
                     );
                 }
                 if actions.is_empty() {
-                    println!("nothing to do");
+                    outln!("nothing to do");
                 }
                 for a in actions {
                     match a {
                         Action::Reclaim { index, bytes, reason } => {
-                            println!(
-                                "reclaim {:.1} MiB from {} ({reason:?})",
-                                bytes as f64 / MIB,
-                                snap[index].name
-                            )
+                            outln!("reclaim {} from {} ({reason:?})", size(bytes), snap[index].name)
                         }
                         Action::Lru { members, bytes } => {
                             let names: Vec<&str> = members.iter().map(|&i| snap[i].name.as_str()).collect();
-                            println!(
-                                "reclaim {:.1} MiB from the LRU of {}",
-                                bytes as f64 / MIB,
-                                names.join(", ")
-                            )
+                            outln!("reclaim {} from the LRU of {}", size(bytes), names.join(", "))
                         }
-                        Action::None => println!("nothing to do"),
+                        Action::None => outln!("nothing to do"),
                     }
                 }
             }

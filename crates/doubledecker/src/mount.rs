@@ -14,7 +14,7 @@ pub struct MountArgs {
     backing: PathBuf,
     /// Where to mount it (an existing empty directory).
     mountpoint: PathBuf,
-    /// TOML configuration (`dd_fuse::FuseConfig`); the flags below override it.
+    /// TOML configuration (the keys of README's "Mounting for a container"); the flags below override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// The daemon's data-plane Unix socket (the second level; without a daemon only first levels run).
@@ -26,7 +26,7 @@ pub struct MountArgs {
     /// This VM's id on the daemon.
     #[arg(long)]
     vm: Option<u32>,
-    /// This VM's data-plane token.
+    /// This VM's data-plane token (printed by `vm add`); overrides the file's `daemon.data_token`.
     #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Containers are the child cgroups of this directory (as for `guest watch`).
@@ -99,15 +99,15 @@ pub fn run(a: MountArgs) -> Result<()> {
     let waiter = std::thread::spawn(move || {
         if signals.forever().next().is_some() {
             if let Err(e) = unmounter.unmount() {
-                eprintln!("doubledecker mount: unmounting {}: {e}", mountpoint.display());
+                errln!("doubledecker mount: unmounting {}: {e}", mountpoint.display());
             }
         }
     });
-    eprintln!("doubledecker mount: {} on {}", a.backing.display(), a.mountpoint.display());
+    errln!("doubledecker mount: {} on {}", a.backing.display(), a.mountpoint.display());
     let stats = m.run();
     handle.close();
     let _ = waiter.join();
     let stats = stats?;
-    println!("{}", serde_json::to_string(&serde_json::json!({ "containers": stats }))?);
+    outln!("{}", serde_json::to_string(&serde_json::json!({ "containers": stats }))?);
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `doubledecker serve` and `doubledecker config default`: run the host cache manager (`dd-server`)
+//! `doubledecker serve`, `doubledecker config default|check|coop-key`: run the host cache manager (`dd-server`)
 //! on a multi-threaded tokio runtime until SIGINT/SIGTERM.
 
 use anyhow::{Context, Result};
@@ -16,8 +16,37 @@ pub struct ServeArgs {
 pub enum ConfigCommand {
     /// Print the embedded default configuration.
     Default,
-    /// Check a configuration file and print the configuration it gives.
-    Check { file: PathBuf },
+    /// Check a configuration file without starting anything: exits non-zero with a message naming the
+    /// bad field, else prints the configuration it gives (`serve`'s, with every default filled in).
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+        /// Which command's configuration it is.
+        #[arg(long = "for", value_enum, default_value_t = ConfigKind::Serve)]
+        kind: ConfigKind,
+        /// Print nothing when the file is good (for scripts and systemd's ExecStartPre).
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// A co-operative de-duplication key (`coop.key_file`): creates FILE (mode 0600) if it does not
+    /// exist, and prints its public key, which goes into the other members' `coop.peers`.
+    CoopKey {
+        /// The key file.
+        file: PathBuf,
+    },
+}
+
+/// The commands that read a TOML configuration.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigKind {
+    /// `doubledecker serve --config`.
+    Serve,
+    /// `doubledecker guest watch --config` (the data token may come from DD_VM_DATA_TOKEN).
+    GuestWatch,
+    /// `doubledecker mount --config` (the data token may come from DD_VM_DATA_TOKEN).
+    Mount,
+    /// `doubledecker memctl run --config` and `memctl plan --config`.
+    Memctl,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -31,21 +60,40 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     rt.block_on(dd_server::run(cfg, dd_server::shutdown_signal(), |b| {
         let tcp = b.tcp.map_or("off".to_string(), |a| a.to_string());
         let unix = b.unix.as_ref().map_or("off".to_string(), |p| p.display().to_string());
-        eprintln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API http://{}", b.admin);
+        errln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API http://{}", b.admin);
         if let Some(t) = &b.token_file {
-            eprintln!("doubledecker serve: host admin token in {}", t.display());
+            errln!("doubledecker serve: host admin token in {}", t.display());
         }
     }))?;
-    eprintln!("doubledecker serve: stopped");
+    errln!("doubledecker serve: stopped");
     Ok(())
 }
 
 pub fn config(c: ConfigCommand) -> Result<()> {
     match c {
-        ConfigCommand::Default => print!("{}", dd_server::config::DEFAULT_TOML),
-        ConfigCommand::Check { file } => {
-            let cfg = dd_server::ServerConfig::load(Some(&file))?;
-            print!("{}", toml::to_string(&cfg)?);
+        ConfigCommand::Default => out!("{}", dd_server::config::DEFAULT_TOML),
+        ConfigCommand::Check { file, kind, quiet } => {
+            // Each loader validates and names the bad field in its error.
+            // The others carry tokens: only the verdict is printed for them.
+            let text = match kind {
+                ConfigKind::Serve => toml::to_string(&dd_server::ServerConfig::load(Some(&file))?)?,
+                ConfigKind::GuestWatch => dd_guest::WatchConfig::from_file(&file).map(|_| String::new())?,
+                ConfigKind::Mount => dd_fuse::FuseConfig::from_file(&file).map(|_| String::new())?,
+                ConfigKind::Memctl => {
+                    dd_memctl::daemon::MemctlConfig::from_file(&file).map(|_| String::new())?
+                }
+            };
+            if !quiet {
+                if text.is_empty() {
+                    outln!("{}: a valid {kind:?} configuration", file.display());
+                } else {
+                    out!("{text}");
+                }
+            }
+        }
+        ConfigCommand::CoopKey { file } => {
+            let key = dd_server::coop::load_or_create_key(&file)?;
+            outln!("{}", key.public_text());
         }
     }
     Ok(())

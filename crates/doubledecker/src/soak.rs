@@ -21,6 +21,8 @@ pub struct SoakArgs {
     /// SSD store capacity, MiB.
     #[arg(long, default_value_t = 128)]
     ssd_mib: u64,
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
+    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
 }
@@ -35,13 +37,13 @@ pub fn run(a: SoakArgs) -> Result<()> {
         seed: a.seed,
         ..Default::default()
     };
-    eprintln!("soak: {} s, {} VMs, mem {} MiB, ssd {} MiB", a.seconds, a.vms, a.mem_mib, a.ssd_mib);
-    let r = dd_bench::soak::run(&opts, &mut |line| eprintln!("soak: {line}")).context("soak failed")?;
+    errln!("soak: {} s, {} VMs, mem {} MiB, ssd {} MiB", a.seconds, a.vms, a.mem_mib, a.ssd_mib);
+    let r = dd_bench::soak::run(&opts, &mut |line| errln!("soak: {line}")).context("soak failed")?;
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?);
     } else {
-        println!("ran {:.0} s, {:.0} page ops/s, {:?}", r.seconds, r.ops_per_s, r.ops);
-        println!(
+        outln!("ran {:.0} s, {:.0} page ops/s, {:?}", r.seconds, r.ops_per_s, r.ops);
+        outln!(
             "rss: min {:.1} MiB, max {:.1} MiB, second half {:.1}..{:.1} MiB, bound {:.1} MiB: {}",
             r.rss.min_mib,
             r.rss.max_mib,
@@ -50,13 +52,13 @@ pub fn run(a: SoakArgs) -> Result<()> {
             r.rss.bound_mib,
             if r.rss.bounded { "ok" } else { "EXCEEDED" }
         );
-        println!(
+        outln!(
             "stats identity over {} pools, {} VMs and the host: {}",
             r.identity.pools_checked,
             r.identity.vms_checked,
             if r.identity.holds { "holds" } else { "BROKEN" }
         );
-        println!("healthy {}, clean exit {}", r.healthy, r.clean_exit);
+        outln!("healthy {}, clean exit {}", r.healthy, r.clean_exit);
     }
     if !r.pass {
         let why = [

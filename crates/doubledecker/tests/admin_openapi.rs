@@ -109,7 +109,8 @@ fn admin_api_matches_its_openapi_document() {
     let doc: Value = serde_yaml::from_str(&text).unwrap();
     let v1 = vm(1);
     // Co-operative de-duplication on (no peers) so its routes answer 200.
-    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\npeer_secret = \"peer-secret-0123456789\"\n";
+    // (Its key file is created in the data folder at start.)
+    let coop = "[coop]\nenabled = true\nlisten = \"127.0.0.1:0\"\ndedup_group = \"peers\"\n";
     let d = Daemon::start_with(&[&v1], "", "capacity_bytes = 16777216\ndedup = true\n", coop);
     let mut c = Checker { doc, d, covered: BTreeSet::new() };
     let h = Some(HOST_TOKEN);
@@ -124,13 +125,19 @@ fn admin_api_matches_its_openapi_document() {
     assert_eq!(c.call("PATCH", "/v1/host", h, Some(json!({"eviction_batch_bytes": 1}))).0, 400);
     assert_eq!(c.call("PATCH", "/v1/host", t1, Some(json!({}))).0, 401);
 
-    let (s, cred) = c.call("POST", "/v1/vms", h, Some(json!({"id": 2, "weights": {"mem": 50, "ssd": 10}})));
+    let (s, cred) = c.call(
+        "POST",
+        "/v1/vms",
+        h,
+        Some(json!({"id": 2, "weights": {"mem": 50, "ssd": 10}, "max_pools": 8, "dedup_group": "g"})),
+    );
     assert_eq!(s, 201);
     let t2 = cred["admin_token"].as_str().unwrap().to_string();
     assert_eq!(c.call("POST", "/v1/vms", h, Some(json!({"id": 2}))).0, 409);
     assert_eq!(c.call("POST", "/v1/vms", h, Some(json!({"id": 3, "data_token": "short"}))).0, 400);
     assert_eq!(c.call("GET", "/v1/vms", h, None).1.as_array().unwrap().len(), 2);
     assert_eq!(c.call("GET", "/v1/vms/2", h, None).1["weights"]["mem"], 50);
+    assert_eq!(c.call("GET", "/v1/vms/2", h, None).1["dedup_group"], "g");
     assert_eq!(c.call("GET", "/v1/vms/9", h, None).0, 404);
     assert_eq!(c.call("GET", "/v1/vms/x", h, None).0, 400);
     assert_eq!(
@@ -138,6 +145,9 @@ fn admin_api_matches_its_openapi_document() {
         70
     );
     assert_eq!(c.call("PUT", "/v1/vms/9/weights", h, Some(json!({"mem": 1, "ssd": 1}))).0, 404);
+    assert_eq!(c.call("PUT", "/v1/vms/2/quota", h, Some(json!({"max_pools": 3}))).1["max_pools"], 3);
+    assert_eq!(c.call("PUT", "/v1/vms/2/quota", h, Some(json!({"max_pools": 0}))).0, 400);
+    assert_eq!(c.call("PUT", "/v1/vms/9/quota", h, Some(json!({"max_pools": 3}))).0, 404);
     // Token replacement: the old admin token is dead at once, the new one (returned only here) works.
     let (s, cred) =
         c.call("POST", "/v1/vms/2/tokens", h, Some(json!({"data_token": "data-token-vm2-rotated"})));
@@ -175,11 +185,51 @@ fn admin_api_matches_its_openapi_document() {
     assert_eq!(s, 200);
     assert!(m.as_str().unwrap().contains("dd_pool_used_pages"));
     assert_eq!(c.call("GET", "/metrics", t1, None).0, 401);
+    // A guest provisioner's reports: kept per VM, shown to that VM and to the host; refused with a
+    // stable code when out of bounds.
+    assert_eq!(c.call("GET", "/v1/vm/provisioner", t1, None).1["code"], "no_report");
+    let container = json!({
+        "name": "web", "pool": pool, "budget_bytes": 1048576, "mem_cache_bytes": 4194304,
+        "ssd_cache_bytes": 0, "spec": {"type": "mem", "weight": 16}, "memory_limit_bytes": null,
+        "measured_hit_ratio": 0.75, "measured_latency_ms": 0.01, "reads_per_s": 1000.0,
+        "predicted_hit_ratio": 0.95, "predicted_latency_ms": 0.005, "predicted_reads_per_s": 1000.0,
+        "target": {"kind": "hit_ratio", "ratio": 0.9}, "target_met": true, "measured_target_met": false,
+        "footprint_bytes": 8388608
+    });
+    let report = json!({
+        "round": 3, "applied": true, "feasible": true, "infeasible": [], "kept_current": false,
+        "memory_bytes": 16777216, "mem_cache_bytes": 16777216, "ssd_cache_bytes": 0,
+        "containers": [container]
+    });
+    let (s, kept) = c.call("PUT", "/v1/vm/provisioner", t1, Some(report.clone()));
+    assert_eq!((s, kept["vm"].as_u64(), kept["report"]["round"].as_u64()), (200, Some(1), Some(3)));
+    assert_eq!(c.call("GET", "/v1/vm/provisioner", t1, None).1["report"], report);
+    let mut bad = report.clone();
+    bad["containers"][0]["measured_hit_ratio"] = json!(1.5);
+    let (s, e) = c.call("PUT", "/v1/vm/provisioner", t1, Some(bad));
+    assert_eq!((s, e["code"].as_str()), (400, Some("invalid_report")));
+    assert!(e["message"].as_str().unwrap().contains("containers[0].measured_hit_ratio"), "{e}");
+    assert_eq!(
+        c.call("PUT", "/v1/vm/provisioner", t1, Some(json!({"round": 1}))).1["code"],
+        "malformed_json"
+    );
+    assert_eq!(c.call("PUT", "/v1/vm/provisioner", h, Some(report.clone())).0, 401);
+    assert_eq!(c.call("GET", "/v1/vm/provisioner", None, None).0, 401);
+    assert_eq!(c.call("PUT", "/v1/vm/provisioner", Some(&t2), Some(report.clone())).0, 200);
+    let (s, all) = c.call("GET", "/v1/provisioner", h, None);
+    assert_eq!((s, all.as_array().unwrap().len()), (200, 2), "the host sees every VM's report");
+    assert_eq!(c.call("GET", "/v1/provisioner", t1, None).0, 401);
     assert_eq!(c.call("DELETE", &format!("/v1/vm/pools/{pool}"), t1, None).0, 204);
     assert_eq!(c.call("DELETE", &format!("/v1/vm/pools/{pool}"), t1, None).0, 404);
     assert_eq!(c.call("DELETE", "/v1/vms/2", h, None).0, 204);
     assert_eq!(c.call("DELETE", "/v1/vms/2", h, None).0, 404);
     assert_eq!(c.call("GET", "/v1/vm/stats", Some(&t2), None).0, 401, "a removed VM's token is dead");
+    let (s, all) = c.call("GET", "/v1/provisioner", h, None);
+    assert_eq!(
+        (s, all[0]["vm"].as_u64(), all.as_array().unwrap().len()),
+        (200, Some(1), 1),
+        "a removed VM's report goes with it"
+    );
 
     // Every documented operation was exercised.
     let mut documented = BTreeSet::new();
@@ -202,8 +252,10 @@ fn the_checker_catches_drift() {
     let mut root = json!({ "components": doc["components"].clone() });
     root["allOf"] = json!([schema]);
     let v = jsonschema::validator_for(&root).unwrap();
-    assert!(v.is_valid(&json!({"id": 1, "weights": {"mem": 1, "ssd": 2}, "pools": 0})));
-    assert!(!v.is_valid(&json!({"id": 1, "weights": {"mem": 1, "ssd": 2}, "pools": 0, "extra": 1})));
-    assert!(!v.is_valid(&json!({"id": 1, "weights": {"mem": 1, "ssd": 2}})));
-    assert!(!v.is_valid(&json!({"id": -1, "weights": {"mem": 1, "ssd": 2}, "pools": 0})));
+    let w = json!({"mem": 1, "ssd": 2});
+    assert!(v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4})));
+    assert!(v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4, "dedup_group": null})));
+    assert!(!v.is_valid(&json!({"id": 1, "weights": w, "pools": 0, "max_pools": 4, "extra": 1})));
+    assert!(!v.is_valid(&json!({"id": 1, "weights": w, "max_pools": 4})));
+    assert!(!v.is_valid(&json!({"id": -1, "weights": w, "pools": 0, "max_pools": 4})));
 }

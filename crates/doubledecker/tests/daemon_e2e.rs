@@ -177,3 +177,26 @@ fn config_default_prints_the_embedded_default() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(dd_server::ServerConfig::from_toml(&text).unwrap(), dd_server::ServerConfig::default());
 }
+
+/// `config coop-key FILE` creates a private peer key (mode 0600) once and prints its public key, the
+/// same on every later call; the text is what `coop.peers[].public_key` takes.
+#[test]
+fn config_coop_key_creates_a_key_once_and_prints_its_public_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("coop.key");
+    let run = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+            .args(["config", "coop-key"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let public = run();
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(dd_coop::identity::parse_public(&public).is_ok(), "{public}");
+    assert_ne!(std::fs::read_to_string(&file).unwrap().trim(), public, "the file holds the private half");
+    assert_eq!(run(), public, "a second call keeps the key");
+}

@@ -27,9 +27,7 @@ fn sums(paths: &str) -> Vec<String> {
 fn containers_on_the_mount_use_their_own_pools() {
     let Some(root) = require("containers_on_the_mount_use_their_own_pools") else { return };
     if Command::new("sqlite3").arg("-version").output().is_err() {
-        eprintln!(
-            "SKIPPED containers_on_the_mount_use_their_own_pools: no sqlite3 (apt-get install sqlite3)"
-        );
+        skipped("containers_on_the_mount_use_their_own_pools: no sqlite3 (apt-get install sqlite3)");
         return;
     }
     let v = vm(2);
@@ -62,8 +60,10 @@ fn containers_on_the_mount_use_their_own_pools() {
     let state =
         wait_for_file(&work.path().join("pools.json"), |t| t.contains("\"web\"") && t.contains("\"db\""));
     let state: serde_json::Value = serde_json::from_str(&state).unwrap();
-    let (web, db) =
-        (state["web"]["pool"].as_u64().unwrap() as u32, state["db"]["pool"].as_u64().unwrap() as u32);
+    let (web, db) = (
+        state["pools"]["web"]["pool"].as_u64().unwrap() as u32,
+        state["pools"]["db"]["pool"].as_u64().unwrap() as u32,
+    );
     assert_eq!(pool_stats(&d, &v, web).spec, Spec::Mem { weight: 60 });
     assert_eq!(pool_stats(&d, &v, db).spec, Spec::Mem { weight: 30 });
 

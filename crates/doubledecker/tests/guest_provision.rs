@@ -10,43 +10,72 @@ mod common;
 mod fusekit;
 
 use common::*;
+use fusekit::dd_bin;
 use fusekit::*;
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-fn provision_config(dir: &std::path::Path, d: &Daemon, v: &TestVm, memory: u64, cache: Option<u64>) -> std::path::PathBuf {
+/// a's cgroup memory limit is this plus its first-level budget.
+const A_BASE: u64 = 64 * MIB;
+
+fn provision_config(
+    dir: &Path,
+    d: &Daemon,
+    v: &TestVm,
+    parent: &Path,
+    memory: u64,
+    cache: Option<u64>,
+) -> PathBuf {
     let p = dir.join(format!("provision-{memory}.toml"));
     let cache = cache.map(|c| format!("mem_cache_bytes = {c}\n")).unwrap_or_default();
     std::fs::write(
         &p,
         format!(
             "stats_file = {:?}\nbudgets_file = {:?}\nstate_file = {:?}\ninterval_ms = 500\nmemory_bytes = {memory}\n\
-             {cache}[daemon]\nunix_socket = {:?}\nvm = 2\ndata_token = {:?}\n\
-             [containers.a]\ntarget = {{ kind = \"hit_ratio\", ratio = 0.9 }}\n\
+             cgroup_parent = {:?}\n{cache}[daemon]\nunix_socket = {:?}\nvm = 2\ndata_token = {:?}\n\
+             [admin]\nurl = {:?}\ntoken = {:?}\n\
+             [containers.a]\ntarget = {{ kind = \"hit_ratio\", ratio = 0.9 }}\nmemory_base_bytes = {A_BASE}\n\
              [containers.b]\ntarget = {{ kind = \"hit_ratio\", ratio = 0.8 }}\n",
             dir.join("stats.json").display().to_string(),
             dir.join("budgets.json").display().to_string(),
             dir.join("pools.json").display().to_string(),
+            parent.display().to_string(),
             d.unix.display().to_string(),
-            v.data_token
+            v.data_token,
+            d.admin,
+            v.admin_token
         ),
     )
     .unwrap();
     p
 }
 
-/// A reader that reads `file` through the mount in a loop from inside a container, until dropped.
-fn reader(groups: &Cgroups, name: &str, file: &std::path::Path) -> Proc {
+/// A shell that reads a file through the mount in a loop from inside a container; its whole process
+/// group (the shell and its `cat`) is killed on drop, so nothing holds the mount busy after it.
+struct Reader(Proc);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0.child {
+            // SAFETY: kill(2) of the process group our child leads (made with process_group(0)).
+            unsafe { libc::kill(-(c.id() as libc::pid_t), libc::SIGKILL) };
+        }
+    }
+}
+
+fn reader(groups: &Cgroups, name: &str, file: &Path) -> Reader {
+    use std::os::unix::process::CommandExt;
     let script = format!(
         "echo $$ > {}/cgroup.procs && while true; do cat {} > /dev/null || exit 1; done",
         groups.child(name).display(),
         file.display()
     );
-    Proc::spawn(&format!("reader {name}"), Command::new("sh").arg("-c").arg(script))
+    Reader(Proc::spawn(&format!("reader {name}"), Command::new("sh").arg("-c").arg(script).process_group(0)))
 }
 
 #[test]
@@ -84,7 +113,7 @@ fn the_provisioner_meets_two_hit_ratio_targets_and_reports_an_infeasible_budget(
     .unwrap();
     let mut watcher = Proc::spawn(
         "guest watch",
-        Command::new(env!("CARGO_BIN_EXE_doubledecker")).args(["guest", "watch", "--config"]).arg(&watch_cfg),
+        Command::new(dd_bin()).args(["guest", "watch", "--config"]).arg(&watch_cfg),
     );
     wait_for_file(&work.path().join("pools.json"), |t| t.contains("\"a\"") && t.contains("\"b\""));
     // First levels start at 256 KiB each, far below either loop; sampling publishes every 200 ms.
@@ -111,7 +140,8 @@ fn the_provisioner_meets_two_hit_ratio_targets_and_reports_an_infeasible_budget(
     let hit_ratio = |name: &str, secs: u64| -> f64 {
         let read = || -> (u64, u64) {
             let s: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(work.path().join("stats.json")).unwrap()).unwrap();
+                serde_json::from_str(&std::fs::read_to_string(work.path().join("stats.json")).unwrap())
+                    .unwrap();
             let c = s["containers"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone();
             let reads = c["l1_hits"].as_u64().unwrap() + c["pool_hits"].as_u64().unwrap();
             (reads + c["backing_pages"].as_u64().unwrap(), c["backing_pages"].as_u64().unwrap())
@@ -123,11 +153,12 @@ fn the_provisioner_meets_two_hit_ratio_targets_and_reports_an_infeasible_budget(
     };
     std::thread::sleep(Duration::from_secs(2));
     let before = hit_ratio("b", 3);
+    eprintln!("b's hit ratio before provisioning: {before:.3}");
     assert!(before < 0.8, "b misses its target before provisioning: hit ratio {before}");
 
     // A budget that meets both: 4 MiB of first level for the two, and the VM's 16 MiB of memory store.
-    let feasible = provision_config(work.path(), &d, &v, 4 * MIB, None);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_doubledecker"));
+    let feasible = provision_config(work.path(), &d, &v, &groups.parent, 4 * MIB, None);
+    let mut cmd = Command::new(dd_bin());
     cmd.args(["guest", "provision", "--config"]).arg(&feasible).stdout(Stdio::piped());
     let mut prov = Proc::spawn("guest provision", &mut cmd);
     let out = prov.child.as_mut().unwrap().stdout.take().unwrap();
@@ -148,42 +179,70 @@ fn the_provisioner_meets_two_hit_ratio_targets_and_reports_an_infeasible_budget(
     let (mut streak, mut last) = (0, serde_json::Value::Null);
     while streak < 3 {
         let left = deadline.saturating_duration_since(Instant::now());
-        let r = rx.recv_timeout(left).unwrap_or_else(|_| panic!("not converged within 60 s; last round: {last:#}"));
+        let r = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("not converged within 60 s; last round: {last:#}"));
         // Early rounds may find nothing reused yet (every read so far a first one): no plan then meets the
         // targets; once a loop has been read twice the curves show what it needs.
-        let met = r["feasible"] == true && r["containers"].as_array().unwrap().iter().all(|c| {
-            let t = c["target"]["ratio"].as_f64().unwrap();
-            c["measured_hit_ratio"].as_f64().unwrap() >= t && c["reads_per_s"].as_f64().unwrap() > 0.0
-        });
+        let met = r["feasible"] == true
+            && r["containers"].as_array().unwrap().iter().all(|c| {
+                let t = c["target"]["ratio"].as_f64().unwrap();
+                c["measured_hit_ratio"].as_f64().unwrap() >= t && c["reads_per_s"].as_f64().unwrap() > 0.0
+            });
         streak = if met { streak + 1 } else { 0 };
         last = r;
     }
     eprintln!("converged in {:.1} s: {last:#}", started.elapsed().as_secs_f64());
-    // Applied where the plan says: the mount's first levels and the pools' specs.
-    let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(work.path().join("stats.json")).unwrap()).unwrap();
+    let (ok, _) = prov.term();
+    assert!(ok, "guest provision exits cleanly on SIGTERM");
+    // Every applied round went to the daemon's admin API (for /ui/): the last one kept is the last
+    // printed (with the VM's admin token; the host sees it too).
+    let (status, kept) = d.http("GET", "/v1/vm/provisioner", Some(&v.admin_token), None);
+    assert_eq!(status, 200, "{kept}");
+    // (The rounds it printed before it stopped; the reader thread ends with its output.)
+    while let Ok(r) = rx.recv_timeout(Duration::from_secs(10)) {
+        last = r;
+    }
+    assert_eq!(kept["report"], last, "the daemon keeps the provisioner's last round");
+    let (_, all) = d.http("GET", "/v1/provisioner", Some(HOST_TOKEN), None);
+    assert_eq!(all[0]["vm"], 2);
+    // Applied where the plan says: the mount's first levels (it reads the budgets file at its next
+    // publication), the pools' specs, and a's cgroup memory limit (base plus first-level budget).
+    let budget_of = |name: &str| -> u64 {
+        let c = last["containers"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        c["budget_bytes"].as_u64().unwrap()
+    };
+    let want = (budget_of("a") / 4096, budget_of("b") / 4096);
+    wait_for_file(&work.path().join("stats.json"), |t| {
+        let s: serde_json::Value = serde_json::from_str(t).unwrap_or_default();
+        let l1 = |n: &str| {
+            s["containers"]
+                .as_array()
+                .and_then(|v| v.iter().find(|c| c["name"] == n))
+                .map(|c| c["l1_budget_pages"].clone())
+        };
+        l1("a") == Some(want.0.into()) && l1("b") == Some(want.1.into())
+    });
     let pools: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(work.path().join("pools.json")).unwrap()).unwrap();
     for c in last["containers"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
-        let published = stats["containers"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap();
-        assert_eq!(
-            published["l1_budget_pages"].as_u64().unwrap() * 4096,
-            c["budget_bytes"].as_u64().unwrap(),
-            "{name}'s first level has the planned budget"
-        );
-        let pool = pools[name]["pool"].as_u64().unwrap() as u32;
+        let pool = pools["pools"][name]["pool"].as_u64().unwrap() as u32;
+        assert_eq!(c["pool"].as_u64(), Some(pool as u64), "{name}'s pool is the watcher's");
         let spec = d.unix_client(&v).pool_stats(dd_engine::PoolId(pool)).unwrap().spec;
         assert_eq!(serde_json::to_value(spec).unwrap(), c["spec"], "{name}'s pool has the planned spec");
     }
-    let (ok, _) = prov.term();
-    assert!(ok, "guest provision exits cleanly on SIGTERM");
+    let limit_file = if root.v1 { "memory.limit_in_bytes" } else { "memory.max" };
+    let limit: u64 =
+        std::fs::read_to_string(groups.child("a").join(limit_file)).unwrap().trim().parse().unwrap();
+    assert_eq!(limit, A_BASE + budget_of("a"), "a's cgroup memory limit is its base plus its first level");
+    assert_eq!(last["containers"][0]["memory_limit_bytes"].as_u64(), Some(limit));
 
     // A budget that cannot (1 MiB of first level and 2 MiB of cache for 9 MiB of loops): a dry run reports
     // the infeasibility (exit status 3) and applies nothing.
     let budgets_before = std::fs::read(work.path().join("budgets.json")).unwrap();
-    let small = provision_config(work.path(), &d, &v, MIB, Some(2 * MIB));
-    let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+    let small = provision_config(work.path(), &d, &v, &groups.parent, MIB, Some(2 * MIB));
+    let out = Command::new(dd_bin())
         .args(["guest", "provision", "--dry-run", "--config"])
         .arg(&small)
         .output()
@@ -192,9 +251,15 @@ fn the_provisioner_meets_two_hit_ratio_targets_and_reports_an_infeasible_budget(
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["feasible"], false);
     assert_eq!(plan["applied"], false);
-    assert!(!plan["infeasible"].as_array().unwrap().is_empty(), "{plan:#}");
+    let infeasible = plan["infeasible"].as_array().unwrap();
+    assert!(infeasible.iter().any(|n| n == "b"), "b's 6 MiB loop cannot fit in 3 MiB: {plan:#}");
+    eprintln!("with 1 MiB of first level and 2 MiB of cache: infeasible {infeasible:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("infeasible"));
-    assert_eq!(std::fs::read(work.path().join("budgets.json")).unwrap(), budgets_before, "a dry run changes nothing");
+    assert_eq!(
+        std::fs::read(work.path().join("budgets.json")).unwrap(),
+        budgets_before,
+        "a dry run changes nothing"
+    );
 
     drop((_ra, _rb));
     let (ok, _) = mount.stop();

@@ -59,7 +59,8 @@ fn pools_follow_cgroups_and_shutdown_leaves_nothing() {
     assert_eq!(web.spec, Spec::Mem { weight: 100 }, "unconfigured containers get the default spec");
     // The state file publishes the map for the other guest frontends.
     let published: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
-    assert_eq!(published["web"]["pool"], web.pool.0);
+    assert_eq!(published["pools"]["web"]["pool"], web.pool.0);
+    assert_eq!(published["instance"], client.info().instance.unwrap(), "and the daemon instance they are of");
 
     // An annotation overrides the configuration (where the file system has user xattrs).
     if set_annotation(&parent.join("web"), "hybrid:3:1") {

@@ -51,12 +51,13 @@ fn one_vm_cannot_reach_another() {
         assert_eq!(code(ca.put_batch(p, &batch)), Some(UNKNOWN_POOL));
         assert_eq!(code(ca.destroy_cgroup(p)), Some(UNKNOWN_POOL));
     }
-    // A's error for B's pool is byte-for-byte the error for a pool that never existed.
+    // A's error for B's pool is byte-for-byte the error for a pool that never existed (pool ids are
+    // numbered per VM: B's second pool has a number A does not have).
     let errs = |p: PoolId, ca: &mut dd_client::Client| match ca.flush_object(p, 5).unwrap_err() {
         dd_client::ClientError::Server { status, message } => (status, message.replace(&p.to_string(), "N")),
         e => panic!("{e}"),
     };
-    assert_eq!(errs(b1, &mut ca), errs(PoolId(60_000), &mut ca));
+    assert_eq!(errs(b2, &mut ca), errs(PoolId(60_000), &mut ca));
 
     // A sees only itself.
     assert_eq!(ca.list_pools().unwrap(), vec![a1]);
@@ -72,7 +73,9 @@ fn one_vm_cannot_reach_another() {
 
     // Admin API, VM scope with A's admin token: B's pools do not exist, host scope is closed.
     let t = Some(a.admin_token.as_str());
-    for p in [b1, b2] {
+    // (B's first pool has the number of A's own first pool: that number names A's pool for A.)
+    assert_eq!(b1, a1);
+    for p in [b2, PoolId(99)] {
         let (s, j) = d.http("GET", &format!("/v1/vm/pools/{p}"), t, None);
         assert_eq!((s, j["code"].as_str()), (404, Some("unknown_pool")));
         let (s, _) = d.http("PUT", &format!("/v1/vm/pools/{p}/spec"), t, Some(r#"{"type":"none"}"#));

@@ -5,12 +5,13 @@
 
 mod common;
 
-use dd_lab::remote::{DaemonTarget, DataAddr};
-use dd_lab::{bundled, report, run_scenario, RunOptions};
+use dd_lab::results::report;
+use dd_lab::sim::remote::{DaemonTarget, DataAddr};
+use dd_lab::{bundled, run_scenario, RunOptions};
 
 #[test]
 fn a_scenario_gives_the_same_summary_in_process_and_against_the_daemon() {
-    // The lab's engine settings (dd_lab::backend::engine_config): 512-byte pages, inline maintenance.
+    // The lab's engine settings (dd_lab::sim::backend::engine_config): 512-byte pages, inline maintenance.
     let mut d = common::Daemon::start(&[], "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\n");
     // Figures 3/4: five variants, global and partitioned modes, containers starting late.
     let sc = bundled::get("fig3-4-global-share").unwrap();

@@ -21,7 +21,8 @@ pub struct VmShape {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Entitlements {
     pub vm: BTreeMap<VmId, [u64; 2]>,
-    pub pool: BTreeMap<PoolId, [u64; 2]>,
+    /// By (VM, pool): pool ids are numbered per VM.
+    pub pool: BTreeMap<(VmId, PoolId), [u64; 2]>,
 }
 
 fn vm_uses(shape: &VmShape, store: StoreKind) -> bool {
@@ -34,7 +35,7 @@ pub fn compute(capacity: [u64; 2], vms: &BTreeMap<VmId, VmShape>) -> Entitlement
     for (vm, shape) in vms {
         out.vm.insert(*vm, [0, 0]);
         for (pool, _) in &shape.pools {
-            out.pool.insert(*pool, [0, 0]);
+            out.pool.insert((*vm, *pool), [0, 0]);
         }
     }
     for store in StoreKind::ALL {
@@ -53,7 +54,7 @@ pub fn compute(capacity: [u64; 2], vms: &BTreeMap<VmId, VmShape>) -> Entitlement
             }
             for (pool, spec) in &shape.pools {
                 let w = spec.weight(store) as u128;
-                out.pool.get_mut(pool).expect("inserted above")[s] =
+                out.pool.get_mut(&(*vm, *pool)).expect("inserted above")[s] =
                     (vm_ent as u128 * w / pool_sum as u128) as u64;
             }
         }
@@ -64,6 +65,11 @@ pub fn compute(capacity: [u64; 2], vms: &BTreeMap<VmId, VmShape>) -> Entitlement
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The entitlement of pool `p` (pool ids are unique across the VMs of these tests).
+    fn pe(e: &Entitlements, p: u32) -> [u64; 2] {
+        *e.pool.iter().find(|((_, id), _)| *id == PoolId(p)).expect("pool").1
+    }
 
     fn vm(mem: u32, ssd: u32, pools: &[(u32, Spec)]) -> VmShape {
         VmShape {
@@ -88,11 +94,11 @@ mod tests {
         let e = compute([1000, 10_000], &vms);
         assert_eq!(e.vm[&VmId(1)], [330, 3300]);
         assert_eq!(e.vm[&VmId(2)], [670, 6700]);
-        assert_eq!(e.pool[&PoolId(1)], [0, 3300]);
-        assert_eq!(e.pool[&PoolId(2)], [330, 0]);
-        assert_eq!(e.pool[&PoolId(3)], [167, 0]);
-        assert_eq!(e.pool[&PoolId(4)], [502, 0]);
-        assert_eq!(e.pool[&PoolId(5)], [0, 6700]);
+        assert_eq!(pe(&e, 1), [0, 3300]);
+        assert_eq!(pe(&e, 2), [330, 0]);
+        assert_eq!(pe(&e, 3), [167, 0]);
+        assert_eq!(pe(&e, 4), [502, 0]);
+        assert_eq!(pe(&e, 5), [0, 6700]);
     }
 
     #[test]
@@ -121,9 +127,9 @@ mod tests {
             ),
         );
         let e = compute([100, 400], &vms);
-        assert_eq!(e.pool[&PoolId(1)], [50, 400]);
-        assert_eq!(e.pool[&PoolId(2)], [50, 0]);
-        assert_eq!(e.pool[&PoolId(3)], [0, 0]);
+        assert_eq!(pe(&e, 1), [50, 400]);
+        assert_eq!(pe(&e, 2), [50, 0]);
+        assert_eq!(pe(&e, 3), [0, 0]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Partitioning policy: who is entitled to what, and who gives pages back when a store is full.
 
+pub mod effective;
 pub mod entitlement;
 pub mod victim;
 

@@ -4,13 +4,15 @@
 //! and its reference count; a match is confirmed by a full byte comparison before it is shared, so a
 //! hash collision can cost a missed de-duplication but never wrong data.
 //!
-//! **Domains.** Pages are only shared inside one de-duplication domain. Domain 0 is shared by every VM
-//! that does not opt out; a VM that asks for isolation gets a domain of its own. Sharing across tenants
-//! opens a timing side channel: a put that de-duplicates is measurably cheaper (no frame is written and
-//! no capacity is used), so a tenant that puts a guessed page and times the put, or watches how fast the
-//! store fills, learns whether another tenant holds a page with that content (the attack known from KSM
-//! and other memory de-duplication). An isolated VM's pages are never shared, which closes the channel
-//! for them at the cost of their de-duplication savings across tenants.
+//! **Domains.** Pages are only shared inside one de-duplication domain. By default every VM has a
+//! domain of its own (secure by default); the host administrator may put VMs in a named group, whose
+//! VMs share one domain (`Cache::set_vm_dedup_group`). Sharing across tenants opens a side channel: a
+//! put that de-duplicates is measurably cheaper (no frame is written and no capacity is used), so a
+//! tenant that puts a guessed page and times the put, or watches how fast the store fills, learns
+//! whether another tenant holds a page with that content (the attack known from KSM and other memory
+//! de-duplication). So content crosses VMs only inside a group the administrator made, and even there a
+//! VM's own statistics never count a group match (`dedup_hits`, `bytes_saved` of group pages go to
+//! host-scope counters only). Co-operative de-duplication shares one group's domain with peers.
 //!
 //! **Charging.** Every pool is charged one page for every page it references, shared or not: a pool's
 //! `used` and its entitlement count logical pages, so sharing never lets a tenant exceed its share and

@@ -4,3 +4,4 @@
 pub mod dedup;
 pub mod mem;
 pub mod ssd;
+pub mod ssd_file;

@@ -9,7 +9,7 @@
 //! [`expand`] is deterministic: candidates come in the order of the containers' names, each list in its
 //! order, the last container varying fastest.
 
-use super::{ContainerOverride, Variant};
+use super::Variant;
 use crate::error::LabError;
 use dd_engine::Spec;
 use dd_provision::ProvisionConfig;
@@ -92,9 +92,7 @@ impl VmProvision {
         if !(self.history_decay > 0.0 && self.history_decay <= 1.0) {
             return Err(LabError::invalid(&format!("{p}.history_decay"), "must be in (0, 1]"));
         }
-        self.decision
-            .validate()
-            .map_err(|e| LabError::invalid(&format!("{p}.decision"), &e.to_string()))
+        self.decision.validate().map_err(|e| LabError::invalid(&format!("{p}.decision"), e.to_string()))
     }
 
     pub(crate) fn scale(&mut self, k: f64) {
@@ -184,7 +182,10 @@ impl Search {
         let n: usize = self.cache_weights.values().map(Vec::len).product::<usize>()
             * self.memory_limit_mib.values().map(Vec::len).product::<usize>();
         if n > MAX_CANDIDATES {
-            return Err(LabError::invalid(p, &format!("expands to {n} candidates (at most {MAX_CANDIDATES})")));
+            return Err(LabError::invalid(
+                p,
+                format!("expands to {n} candidates (at most {MAX_CANDIDATES})"),
+            ));
         }
         Ok(())
     }
@@ -275,12 +276,12 @@ pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) ->
         c.search_of = Some(v.name.clone());
         let mut parts = Vec::new();
         for (name, w) in &weights {
-            let o = c.containers.entry((*name).clone()).or_insert_with(ContainerOverride::default);
+            let o = c.containers.entry((*name).clone()).or_default();
             o.cache = Some(if *w == 0 { Spec::None } else { Spec::Mem { weight: *w } });
             parts.push(format!("{name}={w}"));
         }
         for (name, mib) in limits.iter().copied().chain(rest) {
-            let o = c.containers.entry(name.clone()).or_insert_with(ContainerOverride::default);
+            let o = c.containers.entry(name.clone()).or_default();
             o.memory_limit_mib = Some(mib);
             parts.push(format!("{name}={mib}M"));
         }
@@ -362,7 +363,10 @@ pub(crate) fn validate_check_names(
         return Err(LabError::invalid(&format!("{p}.variant"), "no such variant"));
     }
     if let Some(e) = entities.iter().find(|e| !targeted.contains(*e)) {
-        return Err(LabError::invalid(&format!("{p}.entities"), &format!("{e} is not a container with a target")));
+        return Err(LabError::invalid(
+            &format!("{p}.entities"),
+            format!("{e} is not a container with a target"),
+        ));
     }
     if targeted.is_empty() {
         return Err(LabError::invalid(p, "no container has a target"));

@@ -11,12 +11,12 @@
 //! settings are not a plan), later ones pass the last plan's allocation for hysteresis.
 
 use super::{Sim, NS};
-use crate::backend::SecondChance;
 use crate::error::LabError;
-use crate::guest::{ANON_ACTIVE, ANON_INACTIVE, FILE_ACTIVE, FILE_INACTIVE};
+use crate::model::guest::{ANON_ACTIVE, ANON_INACTIVE, FILE_ACTIVE, FILE_INACTIVE};
 use crate::scenario::provision::VmProvision;
 use crate::scenario::{mib_pages, Scenario};
-use crate::streams::StreamCounters;
+use crate::sim::backend::SecondChance;
+use crate::sim::streams::StreamCounters;
 use dd_engine::{Spec, StoreKind};
 use dd_provision::{
     provision, Allocation, Budget, ContainerInput, Curve, Demand, LatencyModel, Observed, Target,
@@ -189,12 +189,17 @@ impl<B: SecondChance> Sim<B> {
         let mut shown = Vec::with_capacity(members.len());
         for &c in &members {
             let (ops, lat_ns) = (self.cts[c].tot.ops, self.cts[c].tot.lat_ns);
-            let streams = self.streams[c].as_ref().ok_or_else(|| LabError::invalid("provision", "no streams"))?;
+            let streams =
+                self.streams[c].as_ref().ok_or_else(|| LabError::invalid("provision", "no streams"))?;
             let now = Snap { ops, lat_ns, streams: streams.counters };
             let prev = st.last.insert(c, now).unwrap_or_default();
             // Since the last decision; the whole run so far if nothing ran in between.
             let d = if now.ops > prev.ops {
-                Snap { ops: now.ops - prev.ops, lat_ns: now.lat_ns - prev.lat_ns, streams: now.streams.since(&prev.streams) }
+                Snap {
+                    ops: now.ops - prev.ops,
+                    lat_ns: now.lat_ns - prev.lat_ns,
+                    streams: now.streams.since(&prev.streams),
+                }
             } else {
                 now
             };
@@ -220,13 +225,18 @@ impl<B: SecondChance> Sim<B> {
                 anon_curve: streams.anon_curve(&sizes),
                 demand: Demand {
                     concurrency: ct.roles.len().max(1) as f64,
-                    max_ops_s: ct.store.as_ref().filter(|s| s.interval_ns > 0).map(|s| NS / s.interval_ns as f64),
+                    max_ops_s: ct
+                        .store
+                        .as_ref()
+                        .filter(|s| s.interval_ns > 0)
+                        .map(|s| NS / s.interval_ns as f64),
                     file_reads_per_op: sc.file_reads as f64 / n,
                     anon_accesses_per_op: sc.anon_accesses as f64 / n,
                     other_ns_per_op: t.op_cpu_ns as f64,
                     file_miss_ns: per(sc.file_disk_ns, sc.file_disk_pages)
                         .map(|w| w + (2 * t.cache_op_ns + t.page_cache_hit_ns) as f64),
-                    anon_miss_ns: per(sc.anon_fault_ns, sc.anon_faults).map(|w| w + t.page_cache_hit_ns as f64),
+                    anon_miss_ns: per(sc.anon_fault_ns, sc.anon_faults)
+                        .map(|w| w + t.page_cache_hit_ns as f64),
                 },
                 target,
                 min_memory_pages: if st.cfg.memory { floor } else { cg.usage },
@@ -250,7 +260,7 @@ impl<B: SecondChance> Sim<B> {
         }
         let current: Option<Vec<Allocation>> = current.into_iter().collect();
         let plan = provision(&inputs, current.as_deref(), &lat, &budget, &st.cfg.decision)
-            .map_err(|e| LabError::invalid("vms.provision", &e.to_string()))?;
+            .map_err(|e| LabError::invalid("vms.provision", e.to_string()))?;
         let t_s = self.now as f64 / NS;
         let mut decided = Vec::with_capacity(members.len());
         let each = inputs.into_iter().zip(measured).zip(shown);

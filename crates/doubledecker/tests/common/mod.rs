@@ -10,10 +10,24 @@ use std::time::{Duration, Instant};
 
 pub const HOST_TOKEN: &str = "host-admin-token-for-tests-0001";
 
+/// The environment variables the commands read an admin URL or a token from (the older names too): a
+/// test that runs commands as a user would removes them, so that the runner's own do not leak in.
+pub const CLI_ENV_VARS: &[&str] = &[
+    "DD_ADMIN_URL",
+    "DD_HOST_TOKEN",
+    "DD_ADMIN_TOKEN",
+    "DD_VM_ADMIN_TOKEN",
+    "DD_VM_TOKEN",
+    "DD_VM_DATA_TOKEN",
+];
+
+#[derive(Clone)]
 pub struct TestVm {
     pub id: u32,
     pub data_token: String,
     pub admin_token: String,
+    /// `vms[].dedup_group` ("" : the VM's own de-dup domain).
+    pub dedup_group: String,
 }
 
 pub fn vm(id: u32) -> TestVm {
@@ -21,6 +35,7 @@ pub fn vm(id: u32) -> TestVm {
         id,
         data_token: format!("data-token-of-vm-{id:04}"),
         admin_token: format!("admin-token-of-vm-{id:04}"),
+        dedup_group: String::new(),
     }
 }
 
@@ -41,6 +56,20 @@ impl Daemon {
     /// [`Daemon::start`] with top-level keys `top` (before any table) and the `[engine.mem]` table's
     /// body `mem` chosen by the test.
     pub fn start_with(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, false)
+    }
+
+    /// [`Daemon::start_with`] with the daemon's stderr (its log) kept in a file: see [`Daemon::log`].
+    pub fn start_logged(vms: &[&TestVm], top: &str, mem: &str, extra: &str) -> Daemon {
+        Daemon::start_inner(vms, top, mem, extra, true)
+    }
+
+    /// The daemon's log so far (daemons started with [`Daemon::start_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).expect("a logged daemon")
+    }
+
+    fn start_inner(vms: &[&TestVm], top: &str, mem: &str, extra: &str, logged: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut cfg = format!(
@@ -56,29 +85,19 @@ impl Daemon {
                 "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
                 v.id, v.data_token, v.admin_token
             ));
+            // Only when set (the default is ""), so that an older daemon (DD_TEST_BINARY) starts too.
+            if !v.dedup_group.is_empty() {
+                cfg.push_str(&format!("dedup_group = {:?}\n", v.dedup_group));
+            }
         }
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
-        let child = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
-            .args(["serve", "--config"])
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start doubledecker serve");
-        // Wait for the ready file (written atomically once every listener is bound). This is a bound on
-        // how long to wait for start-up, not a timing assertion.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut child = child;
-        let bound: serde_json::Value = loop {
-            if let Ok(t) = std::fs::read_to_string(&ready) {
-                break serde_json::from_str(&t).expect("ready file is JSON");
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("the daemon exited before it was ready ({status}); its stderr is above");
-            }
-            assert!(Instant::now() < deadline, "daemon did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
+        let stderr = if logged {
+            Stdio::from(std::fs::File::create(dir.path().join("stderr.log")).expect("log file"))
+        } else {
+            Stdio::inherit()
         };
+        let (child, bound) = spawn_and_wait(&cfg_path, &ready, stderr);
         Daemon {
             child: Some(child),
             tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
@@ -86,6 +105,37 @@ impl Daemon {
             admin: format!("http://{}", bound["admin"].as_str().unwrap()),
             dir,
         }
+    }
+
+    /// SIGKILLs the daemon and starts it again on the same configuration and data directory (a new
+    /// instance: its TCP and admin ports may change, the Unix socket path does not).
+    pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart();
+    }
+
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again (after [`Daemon::kill`]) and waits until it is ready.
+    pub fn restart(&mut self) {
+        let ready = self.dir.path().join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        // A logged daemon's log goes on in the same file.
+        let log = self.dir.path().join("stderr.log");
+        let stderr = match std::fs::OpenOptions::new().append(true).open(&log) {
+            Ok(f) => Stdio::from(f),
+            Err(_) => Stdio::inherit(),
+        };
+        let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready, stderr);
+        self.child = Some(child);
+        self.tcp = bound["tcp"].as_str().unwrap().parse().unwrap();
+        self.admin = format!("http://{}", bound["admin"].as_str().unwrap());
     }
 
     pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
@@ -107,6 +157,16 @@ impl Daemon {
         // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
         unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
         c.wait().expect("wait for daemon").success()
+    }
+
+    /// `GET /metrics` with the host token: the Prometheus text.
+    pub fn metrics(&self) -> String {
+        ureq::get(&format!("{}/metrics", self.admin))
+            .set("Authorization", &format!("Bearer {HOST_TOKEN}"))
+            .call()
+            .expect("GET /metrics")
+            .into_string()
+            .expect("metrics text")
     }
 
     /// An admin API call; returns (status, JSON body or Null).
@@ -135,6 +195,40 @@ impl Daemon {
         let text = resp.into_string().unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
+}
+
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BINARY` (to see a regression test fail
+/// against an older build, e.g. one of `main` before a fix).
+pub fn dd_bin() -> std::path::PathBuf {
+    std::env::var_os("DD_TEST_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+}
+
+/// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
+/// listener is bound). The wait is a bound on start-up, not a timing assertion.
+fn spawn_and_wait(
+    cfg: &std::path::Path,
+    ready: &std::path::Path,
+    stderr: Stdio,
+) -> (Child, serde_json::Value) {
+    let mut child = Command::new(dd_bin())
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start doubledecker serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let bound = loop {
+        if let Ok(t) = std::fs::read_to_string(ready) {
+            break serde_json::from_str(&t).expect("ready file is JSON");
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the daemon exited before it was ready ({status}); its stderr is above");
+        }
+        assert!(Instant::now() < deadline, "daemon did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (child, bound)
 }
 
 impl Drop for Daemon {

@@ -9,6 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The `doubledecker` binary under test: this build's, or `DD_TEST_BINARY` (an older build, to see a
+/// regression test fail before its fix).
+pub fn dd_bin() -> PathBuf {
+    std::env::var_os("DD_TEST_BINARY").map_or_else(|| env!("CARGO_BIN_EXE_doubledecker").into(), Into::into)
+}
+
 /// Where containers' cgroups can be made: a v1 memory hierarchy or a v2 one with the memory controller.
 pub struct CgroupRoot {
     pub root: PathBuf,
@@ -35,12 +41,24 @@ pub fn environment() -> Result<CgroupRoot, String> {
     Err("no cgroup v1 or v2 memory controller".into())
 }
 
+/// Says that a test is skipped: on standard error (which `cargo test` shows only for failures) and,
+/// when `DD_SKIP_LOG` names a file, appended there (`.ci/run` prints that file, so a skip is visible).
+pub fn skipped(msg: &str) {
+    eprintln!("SKIPPED {msg}");
+    if let Some(path) = std::env::var_os("DD_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(path) {
+            let _ = writeln!(f, "SKIPPED {msg}");
+        }
+    }
+}
+
 /// Skips (returns None with a message) where FUSE or a memory cgroup controller is unavailable.
 pub fn require(test: &str) -> Option<CgroupRoot> {
     match environment() {
         Ok(r) => Some(r),
         Err(why) => {
-            eprintln!("SKIPPED {test}: {why} (needs root, /dev/fuse and a memory cgroup controller)");
+            skipped(&format!("{test}: {why} (needs root, /dev/fuse and a memory cgroup controller)"));
             None
         }
     }
@@ -153,8 +171,16 @@ pub struct MountProc {
 
 impl MountProc {
     pub fn start(backing: &Path, mountpoint: &Path, config: &Path) -> MountProc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_doubledecker"));
+        MountProc::start_logged(backing, mountpoint, config, None)
+    }
+
+    /// [`MountProc::start`] with the mount's standard error (its log) written to `log`.
+    pub fn start_logged(backing: &Path, mountpoint: &Path, config: &Path, log: Option<&Path>) -> MountProc {
+        let mut cmd = Command::new(dd_bin());
         cmd.arg("mount").arg(backing).arg(mountpoint).arg("--config").arg(config).stdout(Stdio::piped());
+        if let Some(log) = log {
+            cmd.stderr(std::fs::File::create(log).unwrap());
+        }
         let mut m =
             MountProc { proc_: Proc::spawn("doubledecker mount", &mut cmd), mountpoint: mountpoint.into() };
         // A bound on start-up, not a timing assertion.

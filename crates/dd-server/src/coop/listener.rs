@@ -1,0 +1,328 @@
+//! The server side of the peer protocol: the handshake (HELLO and AUTH: a peer proves the name it
+//! claims with the key the membership lists for it, `dd_coop::identity`), then one authenticated
+//! peer's requests (summaries, remote compares that pin frames for it, fetches and unpins of its own
+//! pins), and the pins held per peer (released on a new epoch, after `pin_ttl_ms` of silence, or when
+//! unpinned).
+//!
+//! Pin handles are random 64-bit numbers, kept per owner: a handle means something only to the
+//! authenticated node it was granted to, so no node can fetch or release another's pins by guessing.
+//! Lock order: `owners` is taken alone (engine calls on the pins happen after it is released).
+
+use super::{Coop, Owner, Summary};
+use crate::state::ServerState;
+use dd_coop::identity::{Role, Transcript, NONCE_LEN};
+use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
+use dd_coop::{BloomConfig, BloomFilter};
+use rand::RngCore;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl Coop {
+    pub(super) fn expire_owners(&self) {
+        let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
+        let expired: Vec<u64> = {
+            let mut owners = self.owners.lock();
+            let dead: Vec<String> = owners
+                .iter()
+                .filter(|(_, o)| o.last_heard.elapsed() >= ttl)
+                .map(|(n, _)| n.clone())
+                .collect();
+            dead.iter()
+                .flat_map(|n| {
+                    owners.remove(n).map(|o| o.pins.into_values().collect::<Vec<_>>()).unwrap_or_default()
+                })
+                .collect()
+        };
+        if let Some(state) = self.state.upgrade() {
+            for pin in &expired {
+                state.cache.unpin(*pin);
+            }
+        }
+        self.stats.pins_released_ttl.fetch_add(expired.len() as u64, Ordering::Relaxed);
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Server side: one authenticated peer connection
+    // ------------------------------------------------------------------------------------------
+
+    /// Handles one request of an authenticated peer `from` (no I/O; engine calls are memory-only).
+    fn handle(&self, state: &ServerState, from: &str, h: &PeerHeader, payload: &[u8], out: &mut Vec<u8>) {
+        let req = match PeerRequest::decode(h.op, payload, self.page_size) {
+            Ok(r) => r,
+            Err(e) => return wire::encode_error(h.op, h.request_id, e.status(), &e.to_string(), out),
+        };
+        self.touch(from);
+        let resp = match req {
+            PeerRequest::Hello { .. } | PeerRequest::Auth { .. } => {
+                return wire::encode_error(
+                    h.op,
+                    h.request_id,
+                    PeerStatus::MALFORMED,
+                    "already authenticated",
+                    out,
+                )
+            }
+            PeerRequest::Summary { m_bits, k_hashes, bits } => {
+                let cfg = BloomConfig { m_bits, k_hashes, removal: dd_coop::Removal::NoUnset };
+                let Ok(filter) = BloomFilter::from_summary(cfg, bits) else {
+                    return wire::encode_error(h.op, h.request_id, PeerStatus::REFUSED, "bad summary", out);
+                };
+                if let Some(p) = self.peers.read().iter().find(|p| p.name == from) {
+                    *p.summary.write() = Some(Summary { filter, received: Instant::now() });
+                    self.stats.summaries_received.fetch_add(1, Ordering::Relaxed);
+                }
+                PeerResponse::Done
+            }
+            PeerRequest::Compare { hash, page } => {
+                self.stats.compares_served.fetch_add(1, Ordering::Relaxed);
+                let full = state.cache.pins_held() >= self.cfg.max_pins;
+                let pin = if full { None } else { state.cache.pin(hash, page) };
+                let mut handle = None;
+                if let Some(pin) = pin {
+                    self.stats.remote_dedups.fetch_add(1, Ordering::Relaxed);
+                    let mut owners = self.owners.lock();
+                    match owners.get_mut(from) {
+                        Some(o) => {
+                            // An unguessable handle, meaningful only among this owner's pins.
+                            let h = loop {
+                                let h = self.rng.lock().next_u64();
+                                if h != 0 && !o.pins.contains_key(&h) {
+                                    break h;
+                                }
+                            };
+                            o.pins.insert(h, pin);
+                            handle = Some(h);
+                        }
+                        None => {
+                            // The owner entry went away (TTL) between HELLO and now: do not keep a pin
+                            // nobody can release.
+                            drop(owners);
+                            state.cache.unpin(pin);
+                            return wire::encode_error(
+                                h.op,
+                                h.request_id,
+                                PeerStatus::REFUSED,
+                                "say hello again",
+                                out,
+                            );
+                        }
+                    }
+                }
+                PeerResponse::Compared(handle)
+            }
+            PeerRequest::Fetch { pin } => {
+                self.stats.fetches_served.fetch_add(1, Ordering::Relaxed);
+                let owned = self.owners.lock().get(from).and_then(|o| o.pins.get(&pin).copied());
+                let mut page = vec![0u8; self.page_size];
+                if owned.is_some_and(|pin| state.cache.read_pin(pin, &mut page)) {
+                    PeerResponse::Fetched(Some(&page)).encode(h.op, h.request_id, out);
+                    return;
+                }
+                PeerResponse::Fetched(None)
+            }
+            PeerRequest::Unpin { pins } => {
+                let mine: Vec<u64> = {
+                    let mut owners = self.owners.lock();
+                    match owners.get_mut(from) {
+                        Some(o) => pins.into_iter().filter_map(|h| o.pins.remove(&h)).collect(),
+                        None => Vec::new(),
+                    }
+                };
+                for p in &mine {
+                    state.cache.unpin(*p);
+                }
+                PeerResponse::Unpinned(mine.len() as u32)
+            }
+        };
+        resp.encode(h.op, h.request_id, out);
+    }
+
+    fn touch(&self, from: &str) {
+        if let Some(o) = self.owners.lock().get_mut(from) {
+            o.last_heard = Instant::now();
+        }
+    }
+
+    /// A peer proved its name (HELLO and AUTH): a new epoch means it restarted and holds none of its
+    /// old references. Only an authenticated peer gets here, so nobody else can release its pins.
+    fn hello(&self, state: &ServerState, from: &str, epoch: u64) {
+        let released: Vec<u64> = {
+            let mut owners = self.owners.lock();
+            let o = owners.entry(from.to_string()).or_insert_with(|| Owner {
+                epoch,
+                pins: HashMap::new(),
+                last_heard: Instant::now(),
+            });
+            o.last_heard = Instant::now();
+            if o.epoch != epoch {
+                o.epoch = epoch;
+                o.pins.drain().map(|(_, pin)| pin).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        for p in &released {
+            state.cache.unpin(*p);
+        }
+        self.stats.pins_released_epoch.fetch_add(released.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Where a peer connection's handshake stands.
+enum Handshake {
+    /// Waiting for HELLO.
+    Hello,
+    /// HELLO answered with our signature; waiting for the peer's AUTH over the same transcript.
+    Auth { name: String, epoch: u64, client_nonce: [u8; NONCE_LEN], server_nonce: [u8; NONCE_LEN] },
+}
+
+/// Serves one peer connection: HELLO and AUTH first (the peer proves its name with its key), then
+/// requests in order.
+///
+/// Before AUTH the connection holds a handshake slot (displaced by a newer connection when every slot
+/// is taken), reads at most 4096 payload bytes per frame, and must finish within
+/// `coop.handshake_timeout_ms`: a connection that says nothing costs its task and a few hundred bytes,
+/// for a few seconds. A name outside the membership is refused at its HELLO, a wrong signature at
+/// AUTH; neither touches any pin.
+pub async fn serve_peer(
+    coop: Arc<Coop>,
+    state: Arc<ServerState>,
+    mut stream: tokio::net::TcpStream,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    slot: crate::admission::HandshakeSlot,
+) {
+    let mut slot = Some(slot);
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(coop.cfg.handshake_timeout_ms);
+    let mut from: Option<String> = None;
+    let mut hs = Handshake::Hello;
+    let mut session_slot = None;
+    let mut head = [0u8; HEADER_LEN];
+    let mut out = Vec::new();
+    loop {
+        let r = if let Some(hs) = slot.as_mut() {
+            tokio::select! {
+                r = stream.read_exact(&mut head) => r,
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = &mut hs.displaced => return,
+                _ = stop.changed() => return,
+            }
+        } else {
+            tokio::select! {
+                r = stream.read_exact(&mut head) => r,
+                _ = stop.changed() => return,
+            }
+        };
+        if r.is_err() {
+            return;
+        }
+        // Before AUTH only a small frame is read; after it, up to the largest summary.
+        let max = if from.is_some() { wire::ABSOLUTE_MAX_PAYLOAD } else { 4096 };
+        let h = match wire::parse_header(&head, max) {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => {
+                out.clear();
+                wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
+                let _ = stream.write_all(&out).await;
+                return;
+            }
+        };
+        let mut payload = vec![0u8; h.payload_len as usize];
+        let until =
+            if from.is_none() { deadline } else { tokio::time::Instant::now() + Duration::from_secs(30) };
+        let read = tokio::time::timeout_at(until, stream.read_exact(&mut payload)).await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        out.clear();
+        let mut close = false;
+        match &from {
+            None => {
+                let refuse = |status: PeerStatus, msg: &str, out: &mut Vec<u8>| {
+                    if status == PeerStatus::AUTH_FAILED {
+                        coop.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    wire::encode_error(h.op, h.request_id, status, msg, out);
+                };
+                match (&hs, PeerRequest::decode(h.op, &payload, coop.page_size)) {
+                    (Handshake::Hello, Ok(PeerRequest::Hello { name, epoch, nonce })) => {
+                        if coop.members.contains_key(name) && name != coop.me {
+                            let server_nonce = coop.nonce();
+                            let t = Transcript {
+                                client: name,
+                                server: &coop.me,
+                                client_epoch: epoch,
+                                server_epoch: coop.epoch,
+                                client_nonce: &nonce,
+                                server_nonce: &server_nonce,
+                            };
+                            let signature = coop.key.sign(Role::Server, &t);
+                            PeerResponse::Hello {
+                                name: &coop.me,
+                                epoch: coop.epoch,
+                                nonce: server_nonce,
+                                signature,
+                            }
+                            .encode(h.op, h.request_id, &mut out);
+                            hs = Handshake::Auth {
+                                name: name.to_string(),
+                                epoch,
+                                client_nonce: nonce,
+                                server_nonce,
+                            };
+                        } else {
+                            refuse(
+                                PeerStatus::AUTH_FAILED,
+                                "not a member of this daemon's co-operative group",
+                                &mut out,
+                            );
+                            close = true;
+                        }
+                    }
+                    (
+                        Handshake::Auth { name, epoch, client_nonce, server_nonce },
+                        Ok(PeerRequest::Auth { signature }),
+                    ) => {
+                        let t = Transcript {
+                            client: name,
+                            server: &coop.me,
+                            client_epoch: *epoch,
+                            server_epoch: coop.epoch,
+                            client_nonce,
+                            server_nonce,
+                        };
+                        let key = coop.members.get(name).expect("checked at HELLO");
+                        if t.verify(Role::Client, key, &signature) {
+                            let hs_slot = slot.take().expect("in the handshake");
+                            let Ok(s) = hs_slot.authenticate(dd_engine::VmId(0)) else { return };
+                            session_slot = Some(s);
+                            coop.hello(&state, name, *epoch);
+                            from = Some(name.clone());
+                            PeerResponse::Done.encode(h.op, h.request_id, &mut out);
+                        } else {
+                            refuse(
+                                PeerStatus::AUTH_FAILED,
+                                "the signature does not prove this name",
+                                &mut out,
+                            );
+                            close = true;
+                        }
+                    }
+                    _ => {
+                        let msg = "the first frames must be HELLO, then AUTH";
+                        refuse(PeerStatus::NOT_AUTHENTICATED, msg, &mut out);
+                        close = true;
+                    }
+                }
+            }
+            Some(name) => coop.handle(&state, name, &h, &payload, &mut out),
+        }
+        if stream.write_all(&out).await.is_err() || close {
+            drop(session_slot);
+            return;
+        }
+    }
+}

@@ -1,0 +1,748 @@
+//! Co-operative de-duplication between daemons (thesis 004, chapter 5; SPEC section 9): the peer
+//! listener, the peer client, the remotifier and the summary publisher.
+//!
+//! * **Peer listener** (`coop.listen`, tokio): a peer names itself and its restart epoch in HELLO and
+//!   proves the name with its own key (`dd_coop::identity`: a signed challenge, checked against the
+//!   public key the membership lists for that name; names outside it are refused). Then it pushes
+//!   summaries, asks for remote compares (this daemon pins an equal frame for it, Algorithm 4), fetches
+//!   its pinned pages and unpins them. Pin handles are random 64-bit numbers, looked up only among the
+//!   pins of the authenticated name they were granted to.
+//! * **Remotifier** (thread `dd-coop`): the engine offers evicted pages that no local page shares
+//!   (`dd_engine::remote`); for each, peers whose summary may contain the page's hash are asked, in
+//!   membership order, for a remote compare; the first pin is installed in the engine as the entry's
+//!   remote reference, or the offer is abandoned (Algorithm 3). Released remote references are unpinned
+//!   on their peer here too (best effort, batched).
+//! * **Remotified get** ([`Coop::fetch`], on the connection's thread): fetch the pin from its peer with
+//!   the request timeout, and accept the bytes only if the peer still has the epoch the pin was granted
+//!   in and the bytes hash to the recorded content hash. Anything else is a miss.
+//! * **Publisher** (tokio task): every `publish_interval_ms` (or on `POST /v1/host/coop/publish`) the
+//!   summary is rebuilt from the content index's live frames and pushed to every peer; the same tick
+//!   releases pins of peers not heard from for `pin_ttl_ms` and refreshes etcd membership.
+//!
+//! **Pins never leak forever**: a peer's pins are released when it authenticates with another epoch
+//! (it restarted and lost every reference), when it has not been heard from for `pin_ttl_ms`, and when
+//! it unpins them. **Dead references are forgotten**: when a peer turns out to have restarted (a new
+//! epoch at connect), or has been unreachable for `pin_ttl_ms` (it has released our pins), the engine's
+//! records pointing at it are dropped, so `remote_pages` counts only references that can still hit.
+//! Peer failures are logged, at most once per peer every [`LOG_EVERY`]. **Never wrong data, never a hang**: every peer request is bounded by the connect and
+//! request timeouts, a peer that failed is skipped for `peer_backoff_ms`, and fetched bytes are checked
+//! against the epoch and the content hash.
+//!
+//! Locks: `peers`, each peer's connection pool and summary, `owners` and the job queue are leaves; none
+//! is held across network I/O or an engine call, and no engine lock is ever held while waiting for a
+//! peer (the engine only pushes to the job queue).
+
+use crate::config::{CoopConfig, Membership};
+use crate::state::ServerState;
+use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
+use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
+use dd_coop::BloomFilter;
+use dd_engine::{Evicted, RemoteRef, RemoteSink};
+use parking_lot::{Condvar, Mutex, RwLock};
+use rand::{RngCore, SeedableRng};
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+mod listener;
+mod report;
+
+pub use listener::serve_peer;
+pub use report::{CoopReport, CoopStats, LatencyReport, PeerReport};
+
+enum Job {
+    Remotify(Evicted),
+    Unpin(RemoteRef),
+}
+
+/// The hand-off between the engine and the remotifier thread (the engine's [`RemoteSink`]). Pushing
+/// never waits for anything but the queue's own short lock.
+#[derive(Debug)]
+pub struct JobQueue {
+    jobs: Mutex<VecDeque<JobBox>>,
+    cv: Condvar,
+    pages: AtomicUsize,
+    cap: usize,
+    closed: AtomicBool,
+    stats: Arc<CoopStats>,
+}
+
+struct JobBox(Job);
+impl std::fmt::Debug for JobBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+impl RemoteSink for JobQueue {
+    fn offer(&self, page: Evicted) -> bool {
+        if self.closed.load(Ordering::Relaxed) || self.pages.load(Ordering::Relaxed) >= self.cap {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.pages.fetch_add(1, Ordering::Relaxed);
+        self.stats.offered.fetch_add(1, Ordering::Relaxed);
+        self.jobs.lock().push_back(JobBox(Job::Remotify(page)));
+        self.cv.notify_one();
+        true
+    }
+
+    fn release(&self, r: RemoteRef) {
+        self.jobs.lock().push_back(JobBox(Job::Unpin(r)));
+        self.cv.notify_one();
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    /// The peer's epoch from this connection's HELLO.
+    epoch: u64,
+    next_id: u64,
+}
+
+struct Summary {
+    filter: BloomFilter,
+    received: Instant,
+}
+
+struct Peer {
+    name: String,
+    addr: RwLock<String>,
+    active: AtomicBool,
+    conns: Mutex<Vec<Conn>>,
+    summary: RwLock<Option<Summary>>,
+    down_until: Mutex<Option<Instant>>,
+    /// The peer's epoch as last seen at a connect (0: never reached).
+    epoch: AtomicU64,
+    /// The last successful request, and the last failure logged with the failures since.
+    last_ok: Mutex<Instant>,
+    log: Mutex<(Option<Instant>, u64)>,
+}
+
+/// Pins held for one (authenticated) peer: its handles, each naming an engine pin.
+struct Owner {
+    epoch: u64,
+    pins: HashMap<u64, u64>,
+    last_heard: Instant,
+}
+
+/// Why a peer request failed (all of them end in a miss or a plain eviction).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerError {
+    #[error("peer is backing off after a failure")]
+    Down,
+    #[error("peer restarted (epoch changed)")]
+    EpochChanged,
+    #[error("peer i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer answered status {0}")]
+    Status(u16),
+    #[error("peer wire: {0}")]
+    Wire(#[from] wire::WireError),
+    #[error("peer address {0} does not resolve")]
+    Address(String),
+    #[error("peer did not prove its name with the key the membership lists for it")]
+    Identity,
+}
+
+pub struct Coop {
+    cfg: CoopConfig,
+    me: String,
+    key: NodeKey,
+    /// The membership: every other node's name and public key (fixed at start).
+    members: HashMap<String, PublicKey>,
+    /// Draws pin handles and handshake nonces (seeded from the OS generator).
+    rng: Mutex<rand::rngs::StdRng>,
+    epoch: u64,
+    page_size: usize,
+    peers: RwLock<Vec<Arc<Peer>>>,
+    owners: Mutex<HashMap<String, Owner>>,
+    /// Unpins that failed on the network, by (peer, epoch): sent again at every publication, so a pin
+    /// held by a peer that was unreachable for a while is released once it is back (a restarted peer
+    /// has dropped them itself: another epoch answers `EpochChanged` and they are forgotten).
+    retry_unpins: Mutex<HashMap<(u32, u64), Vec<u64>>>,
+    queue: Arc<JobQueue>,
+    pub stats: Arc<CoopStats>,
+    state: Weak<ServerState>,
+}
+
+impl std::fmt::Debug for Coop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coop").field("me", &self.me).field("epoch", &self.epoch).finish_non_exhaustive()
+    }
+}
+
+/// Idle connections kept per peer (more concurrent requests open more, closed after use).
+const MAX_POOLED: usize = 8;
+
+/// A peer's failures are logged at most this often (the counters have every one).
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Reads this daemon's key, or creates it (mode 0600) when the file does not exist.
+pub fn load_or_create_key(path: &std::path::Path) -> Result<NodeKey, crate::ServerError> {
+    let bad = |reason: String| crate::ServerError::Config { field: "coop.key_file".into(), reason };
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            dd_coop::identity::parse_secret(&text).map_err(|e| bad(format!("{}: {e}", path.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut seed = [0u8; 32];
+            rand::rngs::OsRng.fill_bytes(&mut seed);
+            let key = NodeKey::from_seed(seed);
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| crate::ServerError::Io(format!("creating {}: {e}", path.display())))?;
+            f.write_all(key.secret_text().as_bytes())
+                .map_err(|e| crate::ServerError::Io(format!("writing {}: {e}", path.display())))?;
+            tracing::info!("created the peer key {} (public key {})", path.display(), key.public_text());
+            Ok(key)
+        }
+        Err(e) => Err(crate::ServerError::Io(format!("reading {}: {e}", path.display()))),
+    }
+}
+
+impl Coop {
+    /// Builds the co-operative layer, installs its queue as the engine's remote sink and starts the
+    /// remotifier thread. The listener and the publisher are started by [`crate::run`].
+    pub fn start(
+        state: &Arc<ServerState>,
+        cfg: CoopConfig,
+        me: String,
+        key: NodeKey,
+    ) -> Result<Arc<Coop>, crate::ServerError> {
+        let mut members = HashMap::new();
+        for (i, p) in cfg.peers.iter().enumerate() {
+            let k =
+                dd_coop::identity::parse_public(&p.public_key).map_err(|e| crate::ServerError::Config {
+                    field: format!("coop.peers[{i}].public_key"),
+                    reason: e.to_string(),
+                })?;
+            members.insert(p.name.clone(), k);
+        }
+        let stats = Arc::new(CoopStats::default());
+        let queue = Arc::new(JobQueue {
+            jobs: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            pages: AtomicUsize::new(0),
+            cap: cfg.remotify_queue_pages,
+            closed: AtomicBool::new(false),
+            stats: stats.clone(),
+        });
+        // A restart epoch that a restarted daemon cannot repeat by accident.
+        let epoch = {
+            use rand::RngCore;
+            rand::rngs::OsRng.next_u64() | 1
+        };
+        let coop = Arc::new(Coop {
+            me,
+            key,
+            members,
+            rng: Mutex::new(rand::rngs::StdRng::from_rng(rand::rngs::OsRng).expect("the OS generator")),
+            epoch,
+            page_size: state.cache.page_size(),
+            peers: RwLock::new(Vec::new()),
+            owners: Mutex::new(HashMap::new()),
+            retry_unpins: Mutex::new(HashMap::new()),
+            queue: queue.clone(),
+            stats,
+            state: Arc::downgrade(state),
+            cfg,
+        });
+        if coop.cfg.membership == Membership::Static {
+            let list: Vec<(String, String)> =
+                coop.cfg.peers.iter().map(|p| (p.name.clone(), p.addr.clone())).collect();
+            coop.set_membership(&list);
+        }
+        state.cache.set_coop_group(Some(state.dedup_group_id(&coop.cfg.dedup_group)));
+        if !state.cache.set_remote_sink(queue) {
+            return Err(crate::ServerError::Config {
+                field: "coop.enabled".into(),
+                reason: "the engine refused the remotifier (engine.mem.dedup off?)".into(),
+            });
+        }
+        let weak = Arc::downgrade(&coop);
+        std::thread::Builder::new()
+            .name("dd-coop".into())
+            .spawn(move || remotifier_loop(weak))
+            .map_err(|e| crate::ServerError::Io(format!("spawning the remotifier: {e}")))?;
+        Ok(coop)
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.me
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// This daemon's public key (what the other members list for it).
+    pub fn public_key(&self) -> String {
+        self.key.public_text()
+    }
+
+    /// Replaces the live peers (static list or etcd): peers not listed become inactive (their index
+    /// stays, so remote references to them stay decodable and simply miss), new ones are appended.
+    /// Names without a key in the membership are ignored: etcd cannot add a member.
+    pub fn set_membership(&self, list: &[(String, String)]) {
+        let list: Vec<&(String, String)> = list
+            .iter()
+            .filter(|(n, _)| {
+                let member = *n == self.me || self.members.contains_key(n);
+                if !member {
+                    tracing::debug!("peer list names {n:?}, which is not in coop.peers: ignored");
+                }
+                member
+            })
+            .collect();
+        let mut peers = self.peers.write();
+        for p in peers.iter() {
+            p.active.store(list.iter().any(|(n, _)| *n == p.name), Ordering::Relaxed);
+        }
+        for (name, addr) in list {
+            if *name == self.me {
+                continue;
+            }
+            match peers.iter().find(|p| p.name == *name) {
+                Some(p) => {
+                    let mut a = p.addr.write();
+                    if *a != *addr {
+                        *a = addr.clone();
+                        p.conns.lock().clear();
+                    }
+                    p.active.store(true, Ordering::Relaxed);
+                }
+                None => peers.push(Arc::new(Peer {
+                    name: name.clone(),
+                    addr: RwLock::new(addr.clone()),
+                    active: AtomicBool::new(true),
+                    conns: Mutex::new(Vec::new()),
+                    summary: RwLock::new(None),
+                    down_until: Mutex::new(None),
+                    epoch: AtomicU64::new(0),
+                    last_ok: Mutex::new(Instant::now()),
+                    log: Mutex::new((None, 0)),
+                })),
+            }
+        }
+    }
+
+    fn peer(&self, idx: u32) -> Option<Arc<Peer>> {
+        self.peers.read().get(idx as usize).cloned()
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.request_timeout_ms)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Client side (blocking std sockets with deadlines; called on the remotifier thread, on
+    // connection threads inside `block_in_place`, and on the blocking pool)
+    // ------------------------------------------------------------------------------------------
+
+    fn connect(&self, peer: &Peer) -> Result<Conn, PeerError> {
+        let addr_s = peer.addr.read().clone();
+        let addr: SocketAddr = addr_s
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| PeerError::Address(addr_s.clone()))?;
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(self.cfg.connect_timeout_ms))?;
+        stream.set_nodelay(true)?;
+        let mut conn = Conn { stream, epoch: 0, next_id: 1 };
+        // The handshake: our nonce; the peer's name, epoch, nonce and signature, checked against the
+        // key the membership lists for the node we dialled; then our own signature.
+        let key = self.members.get(&peer.name).ok_or(PeerError::Identity)?;
+        let nonce = self.nonce();
+        let req = PeerRequest::Hello { name: &self.me, epoch: self.epoch, nonce };
+        let (h, payload) = self.exchange(&mut conn, &req)?;
+        let PeerResponse::Hello { name, epoch, nonce: theirs, signature } =
+            PeerResponse::decode(h.op, &payload, self.page_size)?
+        else {
+            return Err(PeerError::Identity);
+        };
+        let t = Transcript {
+            client: &self.me,
+            server: name,
+            client_epoch: self.epoch,
+            server_epoch: epoch,
+            client_nonce: &nonce,
+            server_nonce: &theirs,
+        };
+        if name != peer.name || !t.verify(Role::Server, key, &signature) {
+            return Err(PeerError::Identity);
+        }
+        let signature = self.key.sign(Role::Client, &t);
+        self.exchange(&mut conn, &PeerRequest::Auth { signature })?;
+        conn.epoch = epoch;
+        self.saw_epoch(peer, epoch);
+        Ok(conn)
+    }
+
+    fn nonce(&self) -> [u8; NONCE_LEN] {
+        let mut n = [0u8; NONCE_LEN];
+        self.rng.lock().fill_bytes(&mut n);
+        n
+    }
+
+    /// A connect reached `peer` in `epoch`: if it ran in another epoch before, it restarted and every
+    /// pin it granted is gone, so the engine's references to it in older epochs are dropped.
+    fn saw_epoch(&self, peer: &Peer, epoch: u64) {
+        let before = peer.epoch.swap(epoch, Ordering::Relaxed);
+        if before != 0 && before != epoch {
+            tracing::info!("peer {} restarted (new epoch): forgetting references to its old pins", peer.name);
+            self.forget_references(peer, |e| e != epoch);
+        }
+    }
+
+    /// Drops the engine's remote references to `peer` whose pin epoch `dead` says is gone.
+    fn forget_references(&self, peer: &Peer, dead: impl Fn(u64) -> bool) {
+        let Some(idx) = self.peers.read().iter().position(|p| std::ptr::eq(&**p, peer)) else { return };
+        let idx = idx as u32;
+        let Some(state) = self.state.upgrade() else { return };
+        let n = state.cache.drop_dead_remote(&|r: &RemoteRef| r.peer == idx && dead(r.epoch));
+        self.stats.references_dropped.fetch_add(n, Ordering::Relaxed);
+        // Unpins waiting for those pins would go to a peer that no longer has them.
+        self.retry_unpins.lock().retain(|(i, e), _| !(*i == idx && dead(*e)));
+    }
+
+    /// Sends one request and reads its response within the request timeout.
+    fn exchange(&self, conn: &mut Conn, req: &PeerRequest<'_>) -> Result<(PeerHeader, Vec<u8>), PeerError> {
+        let deadline = Instant::now() + self.timeout();
+        let id = conn.next_id;
+        conn.next_id += 1;
+        let mut buf = Vec::with_capacity(HEADER_LEN + 64);
+        req.encode(id, &mut buf);
+        conn.stream.set_write_timeout(Some(self.timeout()))?;
+        conn.stream.write_all(&buf)?;
+        let mut head = [0u8; HEADER_LEN];
+        read_until(&mut conn.stream, &mut head, deadline)?;
+        let max = (self.page_size + 64).max(4096) as u32;
+        let h = wire::parse_header(&head, max)?.ok_or(wire::WireError::BadFrame)?;
+        let mut payload = vec![0u8; h.payload_len as usize];
+        read_until(&mut conn.stream, &mut payload, deadline)?;
+        if h.request_id != id || h.op != req.op() as u8 || h.flags & wire::FLAG_RESPONSE == 0 {
+            return Err(wire::WireError::Malformed("response header").into());
+        }
+        if h.status != 0 {
+            return Err(PeerError::Status(h.status));
+        }
+        Ok((h, payload))
+    }
+
+    /// One request to a peer over a pooled connection. With `epoch`, fails with
+    /// [`PeerError::EpochChanged`] unless the peer still runs in that epoch.
+    fn request(
+        &self,
+        peer: &Peer,
+        req: &PeerRequest<'_>,
+        epoch: Option<u64>,
+    ) -> Result<(u64, Vec<u8>), PeerError> {
+        if peer.down_until.lock().is_some_and(|t| Instant::now() < t) {
+            return Err(PeerError::Down);
+        }
+        let pooled = peer.conns.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => match self.connect(peer) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.mark_down(peer, &e);
+                    return Err(e);
+                }
+            },
+        };
+        if epoch.is_some_and(|e| e != conn.epoch) {
+            peer.conns.lock().push(conn);
+            return Err(PeerError::EpochChanged);
+        }
+        match self.exchange(&mut conn, req) {
+            Ok((_, payload)) => {
+                let e = conn.epoch;
+                *peer.last_ok.lock() = Instant::now();
+                let mut pool = peer.conns.lock();
+                if pool.len() < MAX_POOLED {
+                    pool.push(conn);
+                }
+                Ok((e, payload))
+            }
+            Err(PeerError::Status(s)) if s != PeerStatus::AUTH_FAILED.0 => {
+                // An error answer leaves the connection in step: keep it.
+                let mut pool = peer.conns.lock();
+                if pool.len() < MAX_POOLED {
+                    pool.push(conn);
+                }
+                Err(PeerError::Status(s))
+            }
+            Err(e) => {
+                // The connection's state is unknown (a late response may still arrive): drop it.
+                self.mark_down(peer, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn mark_down(&self, peer: &Peer, e: &PeerError) {
+        *peer.down_until.lock() = Some(Instant::now() + Duration::from_millis(self.cfg.peer_backoff_ms));
+        peer.conns.lock().clear();
+        self.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
+        // Logged, but at most once per peer every LOG_EVERY (a dead peer fails every request).
+        let mut log = peer.log.lock();
+        log.1 += 1;
+        if log.0.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            let addr = peer.addr.read().clone();
+            tracing::warn!(
+                "peer {} ({addr}) failed: {e}; skipped for {} ms ({} failures since the last report)",
+                peer.name,
+                self.cfg.peer_backoff_ms,
+                log.1
+            );
+            *log = (Some(Instant::now()), 0);
+        }
+    }
+
+    /// A remotified get: the page's bytes from its peer into `out`, or false (a clean miss) if the
+    /// peer is unreachable, restarted, no longer holds the pin or returns other bytes.
+    pub fn fetch(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
+        let t = Instant::now();
+        let hit = self.fetch_inner(r, out);
+        if hit {
+            self.stats.fetch_us.lock().record(t.elapsed());
+        }
+        let c = if hit { &self.stats.remote_gets_hit } else { &self.stats.remote_gets_missed };
+        c.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    fn fetch_inner(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
+        let Some(peer) = self.peer(r.peer) else { return false };
+        let Ok((_, payload)) = self.request(&peer, &PeerRequest::Fetch { pin: r.pin }, Some(r.epoch)) else {
+            return false;
+        };
+        match PeerResponse::decode(PeerOp::Fetch as u8, &payload, self.page_size) {
+            Ok(PeerResponse::Fetched(Some(page)))
+                if page.len() == out.len() && xxhash_rust::xxh3::xxh3_128(page) == r.hash =>
+            {
+                out.copy_from_slice(page);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Releases a remote reference's pin after an exclusive remotified get (queued, best effort).
+    pub fn release(&self, r: RemoteRef) {
+        self.queue.release(r);
+    }
+
+    /// Algorithm 3 for one evicted page: ask candidate peers, install the first pin.
+    fn remotify(&self, state: &ServerState, page: Evicted) {
+        let t = Instant::now();
+        let peers: Vec<(u32, Arc<Peer>)> = {
+            let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
+            self.peers
+                .read()
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.active.load(Ordering::Relaxed))
+                .filter(|(_, p)| {
+                    p.summary
+                        .read()
+                        .as_ref()
+                        .is_some_and(|s| s.received.elapsed() < ttl && s.filter.may_contain(page.hash))
+                })
+                .map(|(i, p)| (i as u32, p.clone()))
+                .collect()
+        };
+        if peers.is_empty() {
+            self.stats.no_candidate.fetch_add(1, Ordering::Relaxed);
+            state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
+            return;
+        }
+        let mut errors = false;
+        for (idx, peer) in peers {
+            let req = PeerRequest::Compare { hash: page.hash, page: &page.data };
+            match self.request(&peer, &req, None) {
+                Ok((epoch, payload)) => {
+                    match PeerResponse::decode(PeerOp::Compare as u8, &payload, self.page_size) {
+                        Ok(PeerResponse::Compared(Some(pin))) => {
+                            let r = RemoteRef { peer: idx, epoch, pin, hash: page.hash };
+                            if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
+                                self.stats.remotified.fetch_add(1, Ordering::Relaxed);
+                                self.stats.remotify_us.lock().record(t.elapsed());
+                            } else {
+                                self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
+                                self.unpin_now(idx, &peer, epoch, vec![pin]);
+                            }
+                            return;
+                        }
+                        Ok(_) => {
+                            self.stats.compare_mismatches.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => errors = true,
+                    }
+                }
+                Err(_) => errors = true,
+            }
+        }
+        if errors {
+            self.stats.remotify_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
+    }
+
+    fn unpin_now(&self, idx: u32, peer: &Peer, epoch: u64, pins: Vec<u64>) {
+        for chunk in pins.chunks(wire::MAX_UNPIN) {
+            let n = chunk.len() as u64;
+            match self.request(peer, &PeerRequest::Unpin { pins: chunk.to_vec() }, Some(epoch)) {
+                Ok(_) => {
+                    self.stats.unpins_sent.fetch_add(n, Ordering::Relaxed);
+                }
+                // The peer restarted: it released them itself.
+                Err(PeerError::EpochChanged) => {}
+                Err(_) => self.retry_unpins.lock().entry((idx, epoch)).or_default().extend_from_slice(chunk),
+            }
+        }
+    }
+
+    /// Sends the unpins that failed before (see `retry_unpins`).
+    fn retry_failed_unpins(&self) {
+        let pending = std::mem::take(&mut *self.retry_unpins.lock());
+        for ((idx, epoch), pins) in pending {
+            if let Some(peer) = self.peer(idx) {
+                self.unpin_now(idx, &peer, epoch, pins);
+            }
+        }
+    }
+
+    /// Rebuilds the summary from the live frames and pushes it to every active peer. Returns the peers
+    /// reached. Also releases the pins of peers not heard from for `pin_ttl_ms`.
+    pub fn publish(&self) -> usize {
+        self.expire_owners();
+        self.expire_references();
+        let Some(state) = self.state.upgrade() else { return 0 };
+        let mut filter = match BloomFilter::new(self.cfg.bloom) {
+            Ok(f) => f,
+            Err(_) => return 0,
+        };
+        for h in state.cache.content_hashes() {
+            filter.insert(h);
+        }
+        let bits = filter.summary();
+        let req = PeerRequest::Summary {
+            m_bits: self.cfg.bloom.m_bits,
+            k_hashes: self.cfg.bloom.k_hashes,
+            bits: &bits,
+        };
+        let peers: Vec<Arc<Peer>> =
+            self.peers.read().iter().filter(|p| p.active.load(Ordering::Relaxed)).cloned().collect();
+        let mut reached = 0;
+        for p in peers {
+            // A publication is also the heartbeat that ends a back-off early if the peer is back.
+            *p.down_until.lock() = None;
+            if self.request(&p, &req, None).is_ok() {
+                reached += 1;
+                self.stats.summaries_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.retry_failed_unpins();
+        reached
+    }
+
+    /// A peer unreachable for `pin_ttl_ms` has released the pins it held for us (it has not heard from
+    /// us either): the references to it are forgotten.
+    fn expire_references(&self) {
+        let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
+        let peers: Vec<Arc<Peer>> = self.peers.read().clone();
+        for p in peers {
+            if p.epoch.load(Ordering::Relaxed) != 0 && p.last_ok.lock().elapsed() >= ttl {
+                tracing::info!(
+                    "peer {} unreachable for {} ms: forgetting references to it",
+                    p.name,
+                    ttl.as_millis()
+                );
+                self.forget_references(&p, |_| true);
+                p.epoch.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Stops the remotifier (shutdown). Queued offers are abandoned by the engine's drop.
+    pub fn close(&self) {
+        self.queue.closed.store(true, Ordering::Relaxed);
+        self.queue.cv.notify_all();
+    }
+}
+
+/// `read_exact` bounded by a deadline (the socket timeout is re-armed with the time left).
+fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn remotifier_loop(weak: Weak<Coop>) {
+    loop {
+        let Some(coop) = weak.upgrade() else { return };
+        let q = coop.queue.clone();
+        let mut batch = Vec::new();
+        {
+            let mut jobs = q.jobs.lock();
+            while jobs.is_empty() {
+                if q.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                // Wake periodically so the thread notices when the daemon (and `coop`) goes away.
+                if q.cv.wait_for(&mut jobs, Duration::from_millis(200)).timed_out() && jobs.is_empty() {
+                    break;
+                }
+            }
+            while let Some(j) = jobs.pop_front() {
+                batch.push(j.0);
+                if batch.len() >= 256 {
+                    break;
+                }
+            }
+        }
+        if q.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(state) = coop.state.upgrade() else { return };
+        // Unpins are grouped per peer and epoch (one request each); remotifications go one by one.
+        let mut unpins: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+        for job in batch {
+            match job {
+                Job::Remotify(page) => {
+                    coop.remotify(&state, page);
+                    q.pages.fetch_sub(1, Ordering::Relaxed);
+                }
+                Job::Unpin(r) => unpins.entry((r.peer, r.epoch)).or_default().push(r.pin),
+            }
+        }
+        for ((idx, epoch), pins) in unpins {
+            if let Some(peer) = coop.peer(idx) {
+                coop.unpin_now(idx, &peer, epoch, pins);
+            }
+        }
+    }
+}
