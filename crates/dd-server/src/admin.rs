@@ -10,7 +10,7 @@
 //! Every error is JSON `{"code": "<stable name>", "message": "..."}`; codes are the engine's
 //! `CacheError::code_name()` plus `unauthorized`, `not_found`, `method_not_allowed`, `malformed_json`,
 //! `payload_too_large`, `bad_request`, `internal`, and the provisioner reports' `invalid_report` and
-//! `no_report` (`crate::provisioner`). Engine calls that may evict or free many pages run
+//! `no_report` (the reports are kept in `crate::provisioner`). Engine calls that may evict or free many pages run
 //! on the blocking pool.
 //!
 //! A VM-scope request runs inside the registration its token belongs to (`auth::Registration::enter`):
@@ -19,6 +19,7 @@
 
 use crate::auth::{token_problem, Registration};
 use crate::config::VmConfig;
+use crate::provisioner::StoredReport;
 use crate::state::{PersistError, ServerState};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -29,10 +30,11 @@ use axum::{Json, Router};
 use dd_engine::{
     CacheError, EvictionOrder, Mode, PoolId, PoolKind, PoolOptions, Spec, StoreKind, VmId, VmWeights,
 };
+use dd_provision::report::RoundReport;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-pub(crate) type St = State<Arc<ServerState>>;
+type St = State<Arc<ServerState>>;
 
 /// Largest JSON body accepted.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -57,7 +59,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub(crate) fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError { status, code, message: message.into() }
 }
 
@@ -101,7 +103,7 @@ impl From<PathRejection> for ApiError {
     }
 }
 
-pub(crate) type ApiResult<T> = Result<T, ApiError>;
+type ApiResult<T> = Result<T, ApiError>;
 
 /// The token of `Authorization: Bearer <token>`: the scheme (any case), exactly one space, and a token
 /// of printable ASCII without spaces; anything else is no token.
@@ -114,18 +116,18 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     ok.then_some(token)
 }
 
-pub(crate) fn unauthorized() -> ApiError {
+fn unauthorized() -> ApiError {
     err(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token for this scope")
 }
 
-pub(crate) fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
+fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
     match bearer(headers) {
         Some(t) if state.registry.is_host(t) => Ok(()),
         _ => Err(unauthorized()),
     }
 }
 
-pub(crate) fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<Arc<Registration>> {
+fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<Arc<Registration>> {
     bearer(headers).and_then(|t| state.registry.authenticate_admin(t)).ok_or_else(unauthorized)
 }
 
@@ -183,7 +185,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
         .route("/v1/vm/stats", get(vm_stats))
-        .merge(crate::provisioner::router())
+        .route("/v1/vm/provisioner", get(get_own_report).put(put_own_report))
+        .route("/v1/provisioner", get(list_reports))
         .merge(crate::ui::router())
         .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -606,4 +609,38 @@ async fn set_spec(
 
 async fn vm_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::VmStats>> {
     Ok(Json(vm_scoped(&s, &headers, move |s, vm| s.cache.vm_stats(vm)).await?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Guest provisioners' reports (`crate::provisioner`)
+// ---------------------------------------------------------------------------------------------
+
+fn no_report() -> ApiError {
+    err(StatusCode::NOT_FOUND, "no_report", "no provisioner has reported for this VM")
+}
+
+/// VM scope: the VM's provisioner reports its last round (checked, then kept while the registration the
+/// token belongs to is live).
+async fn put_own_report(
+    State(s): St,
+    headers: HeaderMap,
+    body: Result<Json<RoundReport>, JsonRejection>,
+) -> ApiResult<Json<StoredReport>> {
+    let reg = vm_auth(&s, &headers)?;
+    let Json(r) = body?;
+    r.validate().map_err(|e| err(StatusCode::BAD_REQUEST, "invalid_report", e.to_string()))?;
+    let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+    Ok(Json(s.provisioner.put(reg.vm, r)))
+}
+
+async fn get_own_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<StoredReport>> {
+    let reg = vm_auth(&s, &headers)?;
+    let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+    s.provisioner.get(reg.vm).map(Json).ok_or_else(no_report)
+}
+
+/// Host scope: every registered VM's last report.
+async fn list_reports(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<StoredReport>>> {
+    host_auth(&s, &headers)?;
+    Ok(Json(s.provisioner.all().into_iter().filter(|r| s.registry.contains(VmId(r.vm))).collect()))
 }

@@ -4,22 +4,18 @@
 //! VM (`GET /v1/vm/provisioner`) and to the host (`GET /v1/provisioner`, every VM's). The body is
 //! `dd_provision::report::RoundReport`, the type the guest sends; it is checked (bounded, every number in
 //! its domain) before it is kept, and refused with the stable code `invalid_report` naming the field.
+//! This module is the store; the routes are in `crate::admin` with the rest of the API (so that neither
+//! module needs the other's internals: the store depends on nothing in this crate).
 //!
 //! Invariants: a VM has at most one report, replaced whole by the next; it goes with the VM's
 //! registration (removed with the VM, or with its tokens replaced, so a VM registered again under the
 //! same id starts without one); the map's lock is a leaf, never held across I/O or an engine call.
 
-use crate::admin::{err, host_auth, vm_auth, ApiError, ApiResult, St};
-use axum::extract::rejection::JsonRejection;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::get;
-use axum::{Json, Router};
 use dd_engine::VmId;
 use dd_provision::report::RoundReport;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A VM's last report as the daemon keeps and shows it.
@@ -59,40 +55,4 @@ impl Reports {
     pub fn all(&self) -> Vec<StoredReport> {
         self.by_vm.lock().values().cloned().collect()
     }
-}
-
-/// The routes, merged into the admin API's router.
-pub fn router() -> Router<Arc<crate::state::ServerState>> {
-    Router::new()
-        .route("/v1/vm/provisioner", get(get_own).put(put_own))
-        .route("/v1/provisioner", get(get_all))
-}
-
-fn no_report() -> ApiError {
-    err(StatusCode::NOT_FOUND, "no_report", "no provisioner has reported for this VM")
-}
-
-async fn put_own(
-    axum::extract::State(s): St,
-    headers: HeaderMap,
-    body: Result<Json<RoundReport>, JsonRejection>,
-) -> ApiResult<Json<StoredReport>> {
-    let reg = vm_auth(&s, &headers)?;
-    let Json(r) = body?;
-    r.validate().map_err(|e| err(StatusCode::BAD_REQUEST, "invalid_report", e.to_string()))?;
-    // Kept only while the registration the token belongs to is live (not removed or replaced meanwhile).
-    let Some(_live) = reg.enter() else { return Err(crate::admin::unauthorized()) };
-    Ok(Json(s.provisioner.put(reg.vm, r)))
-}
-
-async fn get_own(axum::extract::State(s): St, headers: HeaderMap) -> ApiResult<Json<StoredReport>> {
-    let reg = vm_auth(&s, &headers)?;
-    let Some(_live) = reg.enter() else { return Err(crate::admin::unauthorized()) };
-    s.provisioner.get(reg.vm).map(Json).ok_or_else(no_report)
-}
-
-async fn get_all(axum::extract::State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<StoredReport>>> {
-    host_auth(&s, &headers)?;
-    let all = s.provisioner.all().into_iter().filter(|r| s.registry.contains(VmId(r.vm))).collect();
-    Ok(Json(all))
 }
