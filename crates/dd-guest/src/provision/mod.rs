@@ -292,7 +292,8 @@ impl GuestProvisioner {
             plan.containers.iter().map(|p| (p.name.as_str(), p.allocation.memory_pages * PAGE)).collect();
         let path = &self.cfg.budgets_file;
         let tmp = path.with_extension("tmp");
-        let body = serde_json::to_vec_pretty(&budgets).expect("plain data serialises");
+        let mut body = serde_json::to_vec_pretty(&budgets).expect("plain data serialises");
+        body.push(b'\n');
         std::fs::write(&tmp, body)
             .and_then(|_| std::fs::rename(&tmp, path))
             .map_err(|source| GuestProvisionError::Write { path: path.clone(), source })?;
