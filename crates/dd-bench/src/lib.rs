@@ -12,6 +12,7 @@
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
 //! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both.
 //! * [`soak`]: mixed load on the daemon for a long time; checks bounded memory and the stats identity.
+//! * [`tenants`]: VM A's verified load with and without each attack of VM B on the same daemon.
 //! * [`remote`]: remotify and remotified-get latency with two daemons (co-operative de-duplication).
 //! * [`daemon`]: starts and stops a real `doubledecker serve` process for `server` and `soak`.
 
@@ -25,6 +26,7 @@ pub mod server;
 pub mod soak;
 pub mod ssd;
 pub mod store;
+pub mod tenants;
 
 /// CPU time consumed so far by the calling thread, in seconds (what the absolute-rate benchmarks
 /// divide by, so that other work on the machine changes their wall time, not their figure).

@@ -45,7 +45,7 @@ use crate::policy::{select_victim, EntityUsage};
 use crate::pool::{
     Arrival, Departure, Entry, Hasher, Loc, Map, Pool, PoolInner, Saving, VmShare, MAX_WEIGHT,
 };
-use crate::remote::{Evicted, RemoteRef, RemoteSink};
+use crate::remote::{Evicted, Holder, RemoteRef, RemoteSink};
 use crate::stats::{Counters, HostStats, PoolStats, StoreStatus, VmStats};
 use crate::store::dedup::{hash_page, ContentIndex, Lookup};
 use crate::store::mem::MemStore;
@@ -828,11 +828,11 @@ impl Cache {
         Ok(g.take_remote(key, p.exclusive_gets).map(|r| (r, p.exclusive_gets)))
     }
 
-    /// Forgets every remotified record for which `dead` holds (references to a peer that restarted,
-    /// or that has been unreachable for longer than it keeps pins): they could only miss, and would
-    /// keep counting in `remote_pages`. Walks every pool once (rare: on a peer's epoch change or
-    /// expiry). Returns the records dropped.
-    pub fn drop_dead_remote(&self, dead: &dyn Fn(&RemoteRef) -> bool) -> u64 {
+    /// Forgets every holder of a remotified record for which `dead` holds (pins of a peer that
+    /// restarted, or that has been unreachable for longer than it keeps pins): they could only miss.
+    /// A record left with no holder goes, so `remote_pages` counts only records that can still hit.
+    /// Walks every pool once (rare: on a peer's epoch change or expiry). Returns the records dropped.
+    pub fn drop_dead_remote(&self, dead: &dyn Fn(&Holder) -> bool) -> u64 {
         let pools: Vec<Arc<Pool>> = self
             .shared
             .pools

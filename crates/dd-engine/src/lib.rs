@@ -49,7 +49,7 @@ pub mod types;
 pub use cache::{Cache, GetOutcome, PoolHandle};
 pub use config::EngineConfig;
 pub use error::CacheError;
-pub use remote::{Evicted, RemoteRef, RemoteSink};
+pub use remote::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
 pub use stats::{Counters, HostStats, PoolStats, StoreCounters, VmStats};
 pub use types::{
     EvictionOrder, Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind, VmId, VmWeights,

@@ -16,7 +16,7 @@
 //!   `counters.remote_pages` equals the number of remotified records.
 
 use crate::order::{OrderQueue, QPos, Queued, Slab};
-use crate::remote::{RemoteRef, RemoteState};
+use crate::remote::{Holder, RemoteRef, RemoteState};
 use crate::stats::Counters;
 use crate::store::mem::FrameId;
 use crate::store::ssd::SlotId;
@@ -430,13 +430,21 @@ impl PoolInner {
         }
     }
 
-    /// Removes the remotified records `dead` says are gone (a peer that restarted or has been
-    /// unreachable past its pin lifetime): they would only ever miss. Their pins are not released
-    /// (the peer dropped them itself). Returns how many went.
-    pub fn drop_dead_remote(&mut self, dead: &dyn Fn(&RemoteRef) -> bool) -> u64 {
+    /// Removes the holders `dead` says are gone (a peer that restarted or has been unreachable past
+    /// its pin lifetime) from the remotified records: they would only ever miss. A record left with no
+    /// holder goes. Their pins are not released (the peer dropped them itself). Returns how many
+    /// records went.
+    pub fn drop_dead_remote(&mut self, dead: &dyn Fn(&Holder) -> bool) -> u64 {
         let mut n = 0;
         self.remote.retain(|_, pages| {
-            pages.retain(|_, st| !matches!(st, RemoteState::Remote(r) if dead(r) && { n += 1; true }));
+            pages.retain(|_, st| match st {
+                RemoteState::Remote(r) => {
+                    r.retain(|h| !dead(h));
+                    n += r.is_empty() as u64;
+                    !r.is_empty()
+                }
+                RemoteState::Pending(_) => true,
+            });
             !pages.is_empty()
         });
         self.counters.remote_pages -= n;

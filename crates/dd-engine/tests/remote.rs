@@ -4,7 +4,8 @@
 
 use dd_engine::config::{Maintenance, MemStoreConfig};
 use dd_engine::{
-    Cache, EngineConfig, Evicted, GetOutcome, Key, PoolOptions, RemoteRef, RemoteSink, Spec, VmId, VmWeights,
+    Cache, EngineConfig, Evicted, GetOutcome, Holder, Key, PoolOptions, RemoteRef, RemoteSink, Spec, VmId,
+    VmWeights,
 };
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -44,19 +45,26 @@ fn cache(frames: u64) -> Cache {
     c
 }
 
-fn rref(pin: u64, data: &[u8]) -> RemoteRef {
-    RemoteRef { peer: 0, epoch: 9, pin, hash: xxhash_rust::xxh3::xxh3_128(data) }
-}
-
-#[test]
-fn evicted_unique_pages_are_offered_and_installed_records_invalidate_on_put() {
-    let c = cache(4);
+/// A cache of `frames` pages with a collecting sink, VM 1 in the co-operative group and one ephemeral
+/// memory pool of it.
+fn coop_pool(frames: u64) -> (Cache, Arc<Collect>, VmId, dd_engine::PoolId) {
+    let c = cache(frames);
     let sink = Arc::new(Collect::default());
     assert!(c.set_remote_sink(sink.clone()));
     let vm = VmId(1);
     c.add_vm(vm, VmWeights::equal(1)).unwrap();
     c.set_vm_dedup_group(vm, Some(1)).unwrap();
     let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+    (c, sink, vm, pool)
+}
+
+fn rref(pin: u64, data: &[u8]) -> RemoteRef {
+    RemoteRef::new(Holder { peer: 0, epoch: 9, pin }, xxhash_rust::xxh3::xxh3_128(data))
+}
+
+#[test]
+fn evicted_unique_pages_are_offered_and_installed_records_invalidate_on_put() {
+    let (c, sink, vm, pool) = coop_pool(4);
     // Two keys share one frame: evicting one of them offers nothing (the frame stays for the other).
     c.put(vm, pool, Key::new(1, 0), &page(100)).unwrap();
     c.put(vm, pool, Key::new(1, 1), &page(100)).unwrap();
@@ -86,13 +94,7 @@ fn evicted_unique_pages_are_offered_and_installed_records_invalidate_on_put() {
 
 #[test]
 fn stale_tokens_never_install_and_exclusive_gets_take_the_record() {
-    let c = cache(2);
-    let sink = Arc::new(Collect::default());
-    assert!(c.set_remote_sink(sink.clone()));
-    let vm = VmId(1);
-    c.add_vm(vm, VmWeights::equal(1)).unwrap();
-    c.set_vm_dedup_group(vm, Some(1)).unwrap();
-    let pool = c.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+    let (c, sink, vm, pool) = coop_pool(2);
     for i in 0..6 {
         c.put(vm, pool, Key::new(3, i), &page(10 + i)).unwrap();
     }
@@ -193,7 +195,7 @@ fn remote_records_never_serve_stale_data() {
                     }
                     GetOutcome::Remote(r) => {
                         remote_hits += 1;
-                        let bytes = peer.remove(&r.pin).expect("a live pin");
+                        let bytes = peer.remove(&r.holders()[0].pin).expect("a live pin");
                         assert_eq!(xxhash_rust::xxh3::xxh3_128(&bytes), r.hash);
                         assert_eq!(
                             Some(&bytes),
@@ -221,7 +223,7 @@ fn remote_records_never_serve_stale_data() {
                         if rng.gen_bool(0.7) {
                             let pin = next_pin;
                             next_pin += 1;
-                            let r = RemoteRef { peer: 0, epoch: 1, pin, hash: o.hash };
+                            let r = RemoteRef::new(Holder { peer: 0, epoch: 1, pin }, o.hash);
                             peer.insert(pin, o.data.to_vec());
                             if !c.install_remote(vm, pool, o.key, o.token, r) {
                                 peer.remove(&pin); // the key changed meanwhile: release at once
@@ -233,7 +235,7 @@ fn remote_records_never_serve_stale_data() {
                 }
             }
             for r in std::mem::take(&mut *sink.released.lock()) {
-                assert!(peer.remove(&r.pin).is_some(), "released twice or never granted");
+                assert!(peer.remove(&r.holders()[0].pin).is_some(), "released twice or never granted");
             }
             if step % 500 == 0 {
                 c.check_invariants().unwrap();
@@ -244,7 +246,7 @@ fn remote_records_never_serve_stale_data() {
         }
         c.destroy_pool(vm, pool).unwrap();
         for r in std::mem::take(&mut *sink.released.lock()) {
-            assert!(peer.remove(&r.pin).is_some());
+            assert!(peer.remove(&r.holders()[0].pin).is_some());
         }
         assert!(peer.is_empty(), "seed {seed}: {} pins leaked", peer.len());
         c.check_invariants().unwrap();
@@ -269,4 +271,40 @@ fn pages_outside_the_coop_group_are_never_offered_or_pinned() {
     assert!(sink.offers.lock().is_empty(), "a page outside the coop group was offered");
     assert_eq!(c.pin(xxhash_rust::xxh3::xxh3_128(&page(31)), &page(31)), None);
     assert!(c.content_hashes().is_empty());
+}
+
+/// A record names every holder (bounded by `MAX_HOLDERS`); a dead peer is struck from it, and only a
+/// record left with no holder is dropped (and stops counting in `remote_pages`).
+#[test]
+fn records_name_every_holder_and_lose_only_dead_ones() {
+    let mut r = RemoteRef::new(Holder { peer: 0, epoch: 9, pin: 1 }, 77);
+    for peer in 1..dd_engine::MAX_HOLDERS as u32 {
+        assert!(r.push(Holder { peer, epoch: 9, pin: 1 + peer as u64 }));
+    }
+    assert!(!r.push(Holder { peer: 99, epoch: 9, pin: 99 }), "the list is bounded");
+    assert_eq!(r.holders().len(), dd_engine::MAX_HOLDERS);
+
+    let (c, sink, vm, pool) = coop_pool(2);
+    for i in 0..4 {
+        c.put(vm, pool, Key::new(1, i), &page(i)).unwrap();
+    }
+    let offers: Vec<Evicted> = std::mem::take(&mut *sink.offers.lock());
+    assert!(offers.len() >= 2, "{offers:?}");
+    let two = |o: &Evicted| {
+        let mut r = RemoteRef::new(Holder { peer: 0, epoch: 9, pin: 10 }, o.hash);
+        r.push(Holder { peer: 1, epoch: 4, pin: 20 });
+        r
+    };
+    assert!(c.install_remote(vm, pool, offers[0].key, offers[0].token, two(&offers[0])));
+    assert!(c.install_remote(vm, pool, offers[1].key, offers[1].token, rref(30, &offers[1].data)));
+    // Peer 0 dies: the first record keeps peer 1, the second (only peer 0) goes.
+    assert_eq!(c.drop_dead_remote(&|h: &Holder| h.peer == 0), 1);
+    assert_eq!(c.pool_stats(vm, pool).unwrap().counters.remote_pages, 1);
+    let mut out = vec![0u8; PS];
+    let GetOutcome::Remote(left) = c.get_or_remote(vm, pool, offers[0].key, &mut out).unwrap() else {
+        panic!("the record with a live holder is gone")
+    };
+    assert_eq!(left.holders(), &[Holder { peer: 1, epoch: 4, pin: 20 }]);
+    assert_eq!(c.get_or_remote(vm, pool, offers[1].key, &mut out).unwrap(), GetOutcome::Miss);
+    c.check_invariants().unwrap();
 }

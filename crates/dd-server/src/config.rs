@@ -125,6 +125,12 @@ pub struct CoopConfig {
     /// Pins of a peer not heard from for this long are released (dead peer). Default 360000
     /// (three publication periods).
     pub pin_ttl_ms: u64,
+    /// Peers asked to pin each remotified page (1 to `dd_engine::MAX_HOLDERS`, 3): the page's record
+    /// names every one that did, and a get tries them in turn, so the page survives the death of all
+    /// but one. Each holder costs a remote compare at remotification and a pinned frame on that peer.
+    /// Default 2.
+    #[serde(default = "default_coop_max_holders")]
+    pub max_holders: usize,
     /// Connections to the peer listener (in their HELLO or authenticated); when all are taken a new one
     /// displaces the oldest still in its HELLO. Default 64.
     #[serde(default = "default_coop_max_connections")]
@@ -189,6 +195,10 @@ pub struct VmConfig {
     /// other's content: see docs/protocol.md "Security"); empty (the default): a domain of its own.
     #[serde(default)]
     pub dedup_group: String,
+}
+
+fn default_coop_max_holders() -> usize {
+    2
 }
 
 fn default_coop_max_connections() -> usize {
@@ -407,6 +417,9 @@ impl ServerConfig {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1"));
             }
+        }
+        if !(1..=dd_engine::MAX_HOLDERS).contains(&c.max_holders) {
+            return Err(invalid("coop.max_holders", format!("must be 1 to {}", dd_engine::MAX_HOLDERS)));
         }
         if !c.enabled {
             return Ok(());

@@ -23,6 +23,10 @@ pub enum BenchCommand {
     /// Re-reads of a file set larger than a container's first-level cache through the FUSE mount, with
     /// a network-disk latency on backing reads: with the daemon against without (root, /dev/fuse).
     Fuse(FuseArgs),
+    /// VM A's verified load with and without each attack of VM B on the same daemon (slow
+    /// connections, oversized pre-authentication frames, unread statistics, pool exhaustion,
+    /// re-registration, idle peer connections): ratios, errors, wrong pages and peak RSS.
+    Tenants(crate::bench_tenants::TenantsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -244,6 +248,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Server(a) => server(a)?,
         BenchCommand::Fuse(a) => fuse(a)?,
+        BenchCommand::Tenants(a) => crate::bench_tenants::run(a)?,
         BenchCommand::Lab(a) => lab(a)?,
         BenchCommand::Mrc(a) => mrc(a)?,
         BenchCommand::Dedup(a) => {

@@ -4,6 +4,7 @@
 mod out;
 mod admin_cli;
 mod bench;
+mod bench_tenants;
 mod guest;
 mod lab;
 mod memctl;

@@ -236,3 +236,41 @@ fn regression_peer_failures_only_in_counters() {
         log.lines().filter(|l| l.contains("peer b (127.0.0.1:") && l.contains("failed")).collect();
     assert_eq!(lines.len(), 1, "one failure report per LOG_EVERY, naming the peer: {log}");
 }
+
+/// Smaller defect: a remotified page named exactly one peer, so when that peer died the copy another
+/// peer held was not used. A and B both hold file 1; C evicts it. Its references name both holders
+/// (A first, in membership order); A is then killed, and every page still comes back from B.
+#[test]
+fn regression_remotified_page_names_exactly_one_peer() {
+    let v = vm(1);
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let mut da = start_node(&a, &[&b, &c], &v, 4096);
+    let db = start_node(&b, &[&a, &c], &v, 4096);
+    let dc = start_node(&c, &[&a, &b], &v, MEM_PAGES);
+    const F: u64 = 32;
+    let (mut ca, mut cb) = (da.tcp_client(&v), db.tcp_client(&v));
+    let (pa, pb) = (pool(&mut ca), pool(&mut cb));
+    put_file(&mut ca, pa, 1, 1, F);
+    put_file(&mut cb, pb, 1, 1, F);
+    publish(&da, 2);
+    publish(&db, 2);
+    let mut cc = dc.tcp_client(&v);
+    let pc = pool(&mut cc);
+    put_file(&mut cc, pc, 1, 1, F);
+    put_file(&mut cc, pc, 5, 5, MEM_PAGES);
+    let remotified = n(&settle(&dc), "remotified");
+    assert_eq!(remotified, F);
+    assert_eq!(
+        cc.pool_stats(pc).unwrap().counters.remote_pages,
+        F,
+        "one record per page, however many holders"
+    );
+    assert!(da.stop());
+    assert_eq!(get_file(&mut cc, pc, 1, 1, F), (F, 0), "the copy B holds was not used once A died");
+    let rc = coop(&dc);
+    assert_eq!((n(&rc, "remote_gets_hit"), n(&rc, "remote_gets_missed")), (F, 0), "{rc}");
+    assert_eq!(n(&coop(&db), "fetches_served"), F);
+    // The exclusive gets released every holder's pin on the live peer.
+    wait_pins(&db, 0);
+    assert_eq!(cc.pool_stats(pc).unwrap().counters.remote_pages, 0);
+}

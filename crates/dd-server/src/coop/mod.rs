@@ -9,12 +9,15 @@
 //!   pins of the authenticated name they were granted to.
 //! * **Remotifier** (thread `dd-coop`): the engine offers evicted pages that no local page shares
 //!   (`dd_engine::remote`); for each, peers whose summary may contain the page's hash are asked, in
-//!   membership order, for a remote compare; the first pin is installed in the engine as the entry's
-//!   remote reference, or the offer is abandoned (Algorithm 3). Released remote references are unpinned
-//!   on their peer here too (best effort, batched).
-//! * **Remotified get** ([`Coop::fetch`], on the connection's thread): fetch the pin from its peer with
-//!   the request timeout, and accept the bytes only if the peer still has the epoch the pin was granted
-//!   in and the bytes hash to the recorded content hash. Anything else is a miss.
+//!   membership order, for a remote compare, until `coop.max_holders` of them pinned an equal frame;
+//!   the pins are installed in the engine as the entry's remote reference (every holder, in the order
+//!   they answered), or the offer is abandoned when none did (Algorithm 3). Released remote
+//!   references are unpinned on every holder here too (best effort, batched).
+//! * **Remotified get** ([`Coop::fetch`], on the connection's thread): fetch the pin from its holders
+//!   in turn, each with the request timeout, and accept the bytes only if that peer still has the epoch
+//!   the pin was granted in and the bytes hash to the recorded content hash. A dead, restarted or
+//!   backing-off holder, or one that no longer has the pin, passes the get to the next; when none
+//!   answers it is a miss.
 //! * **Publisher** (tokio task): every `publish_interval_ms` (or on `POST /v1/host/coop/publish`) the
 //!   summary is rebuilt from the content index's live frames and pushed to every peer; the same tick
 //!   releases pins of peers not heard from for `pin_ttl_ms` and refreshes etcd membership.
@@ -37,7 +40,7 @@ use crate::state::ServerState;
 use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
 use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
 use dd_coop::BloomFilter;
-use dd_engine::{Evicted, RemoteRef, RemoteSink};
+use dd_engine::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
 use parking_lot::{Condvar, Mutex, RwLock};
 use rand::{RngCore, SeedableRng};
 use std::collections::{HashMap, VecDeque};
@@ -403,12 +406,13 @@ impl Coop {
         }
     }
 
-    /// Drops the engine's remote references to `peer` whose pin epoch `dead` says is gone.
+    /// Drops the engine's remote references to `peer` whose pin epoch `dead` says is gone (a page
+    /// other peers hold too keeps its record, naming them).
     fn forget_references(&self, peer: &Peer, dead: impl Fn(u64) -> bool) {
         let Some(idx) = self.peers.read().iter().position(|p| std::ptr::eq(&**p, peer)) else { return };
         let idx = idx as u32;
         let Some(state) = self.state.upgrade() else { return };
-        let n = state.cache.drop_dead_remote(&|r: &RemoteRef| r.peer == idx && dead(r.epoch));
+        let n = state.cache.drop_dead_remote(&|h: &Holder| h.peer == idx && dead(h.epoch));
         self.stats.references_dropped.fetch_add(n, Ordering::Relaxed);
         // Unpins waiting for those pins would go to a peer that no longer has them.
         self.retry_unpins.lock().retain(|(i, e), _| !(*i == idx && dead(*e)));
@@ -509,8 +513,9 @@ impl Coop {
         }
     }
 
-    /// A remotified get: the page's bytes from its peer into `out`, or false (a clean miss) if the
-    /// peer is unreachable, restarted, no longer holds the pin or returns other bytes.
+    /// A remotified get: the page's bytes from the first of its holders that has them into `out`, or
+    /// false (a clean miss) if every holder is unreachable, restarted, no longer holds the pin or
+    /// returns other bytes.
     pub fn fetch(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
         let t = Instant::now();
         let hit = self.fetch_inner(r, out);
@@ -523,13 +528,19 @@ impl Coop {
     }
 
     fn fetch_inner(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
-        let Some(peer) = self.peer(r.peer) else { return false };
-        let Ok((_, payload)) = self.request(&peer, &PeerRequest::Fetch { pin: r.pin }, Some(r.epoch)) else {
+        // In order: a peer backing off after a failure answers `Down` at once, so a dead first holder
+        // costs one failed request, then nothing until its back-off ends.
+        r.holders().iter().any(|h| self.fetch_from(h, r.hash, out))
+    }
+
+    fn fetch_from(&self, h: &Holder, hash: u128, out: &mut [u8]) -> bool {
+        let Some(peer) = self.peer(h.peer) else { return false };
+        let Ok((_, payload)) = self.request(&peer, &PeerRequest::Fetch { pin: h.pin }, Some(h.epoch)) else {
             return false;
         };
         match PeerResponse::decode(PeerOp::Fetch as u8, &payload, self.page_size) {
             Ok(PeerResponse::Fetched(Some(page)))
-                if page.len() == out.len() && xxhash_rust::xxh3::xxh3_128(page) == r.hash =>
+                if page.len() == out.len() && xxhash_rust::xxh3::xxh3_128(page) == hash =>
             {
                 out.copy_from_slice(page);
                 true
@@ -543,7 +554,8 @@ impl Coop {
         self.queue.release(r);
     }
 
-    /// Algorithm 3 for one evicted page: ask candidate peers, install the first pin.
+    /// Algorithm 3 for one evicted page: ask candidate peers until `max_holders` pinned it, install
+    /// every pin as the page's remote reference.
     fn remotify(&self, state: &ServerState, page: Evicted) {
         let t = Instant::now();
         let peers: Vec<(u32, Arc<Peer>)> = {
@@ -567,22 +579,25 @@ impl Coop {
             state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
             return;
         }
+        let want = self.cfg.max_holders.clamp(1, MAX_HOLDERS);
+        let mut pinned: Option<RemoteRef> = None;
         let mut errors = false;
         for (idx, peer) in peers {
+            if pinned.is_some_and(|r| r.holders().len() >= want) {
+                break;
+            }
             let req = PeerRequest::Compare { hash: page.hash, page: &page.data };
             match self.request(&peer, &req, None) {
                 Ok((epoch, payload)) => {
                     match PeerResponse::decode(PeerOp::Compare as u8, &payload, self.page_size) {
                         Ok(PeerResponse::Compared(Some(pin))) => {
-                            let r = RemoteRef { peer: idx, epoch, pin, hash: page.hash };
-                            if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
-                                self.stats.remotified.fetch_add(1, Ordering::Relaxed);
-                                self.stats.remotify_us.lock().record(t.elapsed());
-                            } else {
-                                self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
-                                self.unpin_now(idx, &peer, epoch, vec![pin]);
+                            let h = Holder { peer: idx, epoch, pin };
+                            match pinned.as_mut() {
+                                Some(r) => {
+                                    r.push(h);
+                                }
+                                None => pinned = Some(RemoteRef::new(h, page.hash)),
                             }
-                            return;
                         }
                         Ok(_) => {
                             self.stats.compare_mismatches.fetch_add(1, Ordering::Relaxed);
@@ -592,6 +607,20 @@ impl Coop {
                 }
                 Err(_) => errors = true,
             }
+        }
+        if let Some(r) = pinned {
+            if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
+                self.stats.remotified.fetch_add(1, Ordering::Relaxed);
+                self.stats.remotify_us.lock().record(t.elapsed());
+            } else {
+                self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
+                for h in r.holders() {
+                    if let Some(peer) = self.peer(h.peer) {
+                        self.unpin_now(h.peer, &peer, h.epoch, vec![h.pin]);
+                    }
+                }
+            }
+            return;
         }
         if errors {
             self.stats.remotify_errors.fetch_add(1, Ordering::Relaxed);
@@ -736,7 +765,11 @@ fn remotifier_loop(weak: Weak<Coop>) {
                     coop.remotify(&state, page);
                     q.pages.fetch_sub(1, Ordering::Relaxed);
                 }
-                Job::Unpin(r) => unpins.entry((r.peer, r.epoch)).or_default().push(r.pin),
+                Job::Unpin(r) => {
+                    for h in r.holders() {
+                        unpins.entry((h.peer, h.epoch)).or_default().push(h.pin);
+                    }
+                }
             }
         }
         for ((idx, epoch), pins) in unpins {

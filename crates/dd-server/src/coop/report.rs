@@ -38,7 +38,8 @@ pub struct CoopStats {
     /// Pins released because their peer restarted (new epoch) or went silent.
     pub pins_released_epoch: AtomicU64,
     pub pins_released_ttl: AtomicU64,
-    /// Remote references forgotten because their peer restarted or stayed unreachable past `pin_ttl_ms`.
+    /// Remote references forgotten because every peer they named restarted or stayed unreachable past
+    /// `pin_ttl_ms` (a dead holder is struck from a record that names others).
     pub references_dropped: AtomicU64,
     /// Failed requests to peers (each also backs the peer off; logged at most every `LOG_EVERY`).
     pub peer_failures: AtomicU64,
