@@ -22,7 +22,7 @@ pub struct ContainerBudget {
 }
 
 /// `doubledecker mount`'s configuration file (TOML).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FuseConfig {
     /// The daemon (the second level). Without it the filesystem runs with first-level caches only, which
@@ -54,6 +54,60 @@ pub struct FuseConfig {
     /// Default 1000 ms.
     #[serde(default = "default_refresh")]
     pub attribution_refresh_ms: u64,
+    /// Sampling of the containers' reads for the provisioner (`doubledecker guest provision`).
+    #[serde(default)]
+    pub sampling: SamplingConfig,
+}
+
+/// `[sampling]`: each container's miss-ratio curve of the pages it reads through the mount (SHARDS,
+/// `crate::sampling`) and the time its reads spend at each level, published for the provisioner; the
+/// first-level budgets it decides, read back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    /// Sample the reads. Default true (cheap enough to stay on).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Sampled keys each container's curve keeps. Default 8192.
+    #[serde(default = "default_samples")]
+    pub max_samples: u32,
+    /// Where the curves and counters are published (JSON, replaced atomically). Default none.
+    #[serde(default)]
+    pub stats_file: Option<PathBuf>,
+    /// Where first-level budgets are read from (`{"container": bytes}`); a container listed gets its
+    /// budget changed (pages over it are evicted to its pool). Default none.
+    #[serde(default)]
+    pub budgets_file: Option<PathBuf>,
+    /// Between two publications (and readings of the budgets). Default 1000 ms.
+    #[serde(default = "default_refresh")]
+    pub publish_interval_ms: u64,
+    /// After each publication the curves' counts are multiplied by this (1: the whole history counts).
+    /// Default 1.
+    #[serde(default = "default_decay")]
+    pub history_decay: f64,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_samples() -> u32 {
+    8192
+}
+fn default_decay() -> f64 {
+    1.0
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        SamplingConfig {
+            enabled: true,
+            max_samples: default_samples(),
+            stats_file: None,
+            budgets_file: None,
+            publish_interval_ms: default_refresh(),
+            history_decay: default_decay(),
+        }
+    }
 }
 
 fn default_state() -> PathBuf {
@@ -80,6 +134,7 @@ impl Default for FuseConfig {
             backing_read_latency_us: 0,
             threads: default_threads(),
             attribution_refresh_ms: default_refresh(),
+            sampling: SamplingConfig::default(),
         }
     }
 }
@@ -138,6 +193,19 @@ impl FuseConfig {
         }
         if self.backing_read_latency_us > 10_000_000 {
             return bad("backing_read_latency_us", "more than 10 s per read is not a disk");
+        }
+        let s = &self.sampling;
+        if !(64..=1 << 20).contains(&s.max_samples) {
+            return bad("sampling.max_samples", "must be in 64..=1048576");
+        }
+        if s.publish_interval_ms == 0 {
+            return bad("sampling.publish_interval_ms", "must be at least 1");
+        }
+        if !(s.history_decay > 0.0 && s.history_decay <= 1.0) {
+            return bad("sampling.history_decay", "must be in (0, 1]");
+        }
+        if !s.enabled && (s.stats_file.is_some() || s.budgets_file.is_some()) {
+            return bad("sampling.enabled", "stats_file and budgets_file need sampling on");
         }
         Ok(())
     }

@@ -50,6 +50,7 @@ use crate::attrib::{Attributor, ParentCgroup, UNATTRIBUTED};
 use crate::config::{FuseConfig, PAGE_SIZE};
 use crate::daemon::{self, Clients, Stale};
 use crate::level1::{Evicted, Level1};
+use crate::sampling::{page_key, ReadTimes, Sampled};
 use dd_client::{ClientError, PoolRef};
 use dd_engine::{Key, PoolId};
 use dd_proto::{Request, Response};
@@ -60,7 +61,7 @@ use std::fs::{File, Metadata};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Writes covering more pages than this flush the whole object instead of page by page.
 const MAX_PAGE_FLUSHES: u64 = 1024;
@@ -124,6 +125,9 @@ pub struct Container {
     pub name: String,
     l1: Mutex<Level1>,
     counters: Counters,
+    /// Its reads' curve (`[sampling]` on) and where their time goes.
+    pub(crate) sampled: Option<Sampled>,
+    pub(crate) times: ReadTimes,
 }
 
 /// One container's counters, for reports.
@@ -222,10 +226,17 @@ impl Frontend {
             .write()
             .entry(name.to_string())
             .or_insert_with(|| {
+                let s = &self.cfg.sampling;
+                // A seed per container name, so two containers' samples are independent.
+                let seed = name
+                    .bytes()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
                 Arc::new(Container {
                     name: name.to_string(),
                     l1: Mutex::new(Level1::new(self.cfg.budget_pages(name))),
                     counters: Counters::default(),
+                    sampled: s.enabled.then(|| Sampled::new(s.max_samples as usize, seed)),
+                    times: ReadTimes::default(),
                 })
             })
             .clone()
@@ -410,8 +421,13 @@ impl Frontend {
         size: usize,
     ) -> std::io::Result<Vec<u8>> {
         let mut evicted = Vec::new();
+        let started = Instant::now();
         // Evicted pages are put once the object's lock is released (they may be of this object).
         let out = self.read_locked(c, obj, file, (offset, size), &mut evicted);
+        if let Ok(b) = &out {
+            ReadTimes::add(&c.times.read_ns, started.elapsed().as_nanos() as u64);
+            ReadTimes::add(&c.times.read_pages, b.len().div_ceil(PAGE_SIZE) as u64);
+        }
         self.put_evicted(evicted);
         out
     }
@@ -432,6 +448,11 @@ impl Frontend {
         let end = fsize.min(offset + size as u64);
         let first = offset / ps;
         let n = ((end - 1) / ps - first + 1) as usize;
+        if let Some(sm) = &c.sampled {
+            for i in 0..n as u64 {
+                sm.access(page_key(obj.id, first + i));
+            }
+        }
         let mut buf = vec![0u8; n * PAGE_SIZE];
         let slot = |i: usize| i * PAGE_SIZE..(i + 1) * PAGE_SIZE;
         let mut missing = Vec::new();
@@ -451,7 +472,11 @@ impl Frontend {
                 let keys: Vec<Key> =
                     chunk.iter().map(|&i| Key { object: obj.id, index: first + i as u64 }).collect();
                 let mut pages = vec![0u8; chunk.len() * PAGE_SIZE];
-                match cl.on_pool(pool, |cc, id| cc.get_batch(id, &keys, &mut pages)) {
+                let asked = Instant::now();
+                let got = cl.on_pool(pool, |cc, id| cc.get_batch(id, &keys, &mut pages));
+                ReadTimes::add(&c.times.pool_ns, asked.elapsed().as_nanos() as u64);
+                ReadTimes::add(&c.times.pool_pages, chunk.len() as u64);
+                match got {
                     Ok(hits) => {
                         for (j, &i) in chunk.iter().enumerate() {
                             if hits[j] {
@@ -479,11 +504,14 @@ impl Frontend {
             while e < missing.len() && missing[e] == missing[e - 1] + 1 {
                 e += 1;
             }
+            let asked = Instant::now();
             if !self.latency.is_zero() {
                 std::thread::sleep(self.latency);
             }
             let (a, b) = (missing[k], missing[e - 1]);
             read_full_at(file, &mut buf[a * PAGE_SIZE..(b + 1) * PAGE_SIZE], (first + a as u64) * ps)?;
+            ReadTimes::add(&c.times.backing_ns, asked.elapsed().as_nanos() as u64);
+            ReadTimes::add(&c.times.backing_pages, (e - k) as u64);
             c.counters.backing_reads.fetch_add(1, Ordering::Relaxed);
             c.counters.backing_pages.fetch_add((e - k) as u64, Ordering::Relaxed);
             k = e;
@@ -600,6 +628,21 @@ impl Frontend {
         // Whatever the file is now, the next read compares against a fresh stamp.
         *obj.stamp.lock() = None;
         r
+    }
+
+    /// Sets a container's first-level budget (pages, at least one); the pages over it are put to its pool.
+    pub fn set_budget(&self, name: &str, pages: usize) {
+        let c = self.container(name);
+        let evicted: Vec<(Arc<Container>, Evicted)> =
+            c.l1.lock().set_budget(pages).into_iter().map(|e| (c.clone(), e)).collect();
+        self.put_evicted(evicted);
+    }
+
+    /// Every container seen so far (for publishing).
+    pub(crate) fn containers(&self) -> Vec<Arc<Container>> {
+        let mut v: Vec<Arc<Container>> = self.containers.read().values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
     }
 
     /// Flushes every object this mount cached from every pool (unmount: nothing left behind).

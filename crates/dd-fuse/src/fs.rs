@@ -767,6 +767,8 @@ pub struct Mount {
     session: fuser::Session<DdFs>,
     fe: Arc<Frontend>,
     mountpoint: PathBuf,
+    /// Publishes the sampled curves and applies budgets while the mount serves (`[sampling]`).
+    publisher: Option<crate::publish::Publisher>,
 }
 
 /// Unmounts from another thread (a signal handler thread); [`Mount::run`] then returns.
@@ -804,6 +806,7 @@ impl Mount {
             return Err(FuseError::Backing { path: backing, source });
         }
         let threads = cfg.threads;
+        let sampling = cfg.sampling.clone();
         let fe = Arc::new(Frontend::new(cfg)?);
         let mut options = fuser::Config::default();
         options.mount_options = vec![
@@ -831,7 +834,8 @@ impl Mount {
             }
         }));
         let mountpoint = mountpoint.canonicalize().unwrap_or_else(|_| mountpoint.to_path_buf());
-        Ok(Mount { session, fe, mountpoint })
+        let publisher = crate::publish::Publisher::start(&sampling, fe.clone());
+        Ok(Mount { session, fe, mountpoint, publisher })
     }
 
     pub fn unmounter(&mut self) -> Unmounter {
@@ -839,8 +843,11 @@ impl Mount {
     }
 
     /// Serves requests until the filesystem is unmounted; returns the containers' counters.
-    pub fn run(self) -> Result<Vec<ContainerStats>, FuseError> {
-        self.session.run().map_err(FuseError::Session)?;
+    pub fn run(mut self) -> Result<Vec<ContainerStats>, FuseError> {
+        let served = self.session.run().map_err(FuseError::Session);
+        // Nothing is published or applied after the mount is gone.
+        drop(self.publisher.take());
+        served?;
         Ok(self.fe.stats())
     }
 }

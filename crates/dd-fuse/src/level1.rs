@@ -78,6 +78,11 @@ impl Level1 {
             self.order.remove(&old.tick);
         }
         self.order.insert(t, (object, index));
+        self.evict_over_budget()
+    }
+
+    /// Evicts least recently used pages until the cache fits its budget.
+    fn evict_over_budget(&mut self) -> Vec<Evicted> {
         let mut out = Vec::new();
         while self.pages.len() > self.budget {
             let (_, key) = self.order.pop_first().expect("order mirrors pages");
@@ -85,6 +90,13 @@ impl Level1 {
             out.push(Evicted { object: key.0, index: key.1, generation: s.generation, data: s.data });
         }
         out
+    }
+
+    /// Changes the budget (at least one page); returns the pages evicted to fit in it, least recently
+    /// used first.
+    pub fn set_budget(&mut self, pages: usize) -> Vec<Evicted> {
+        self.budget = pages.max(1);
+        self.evict_over_budget()
     }
 
     /// Drops pages `first..=last` of an object; returns how many were cached.

@@ -13,7 +13,9 @@
 //! * [`passthrough`]: extended attributes and special nodes on the backing directory, and the kernel
 //!   page-cache invalidations that keep shared mappings coherent;
 //! * [`fs`]: the FUSE operations on the backing directory (via the pure-Rust `fuser`, no libfuse) and
-//!   [`Mount`], which `doubledecker mount` runs until SIGINT/SIGTERM unmounts it.
+//!   [`Mount`], which `doubledecker mount` runs until SIGINT/SIGTERM unmounts it;
+//! * [`sampling`] and [`publish`]: each container's sampled miss-ratio curve and read times, published
+//!   for `doubledecker guest provision`, and the first-level budgets it decides, applied.
 
 pub mod attrib;
 pub mod config;
@@ -22,7 +24,10 @@ pub mod frontend;
 pub mod fs;
 pub mod level1;
 pub mod passthrough;
+pub mod publish;
+pub mod sampling;
 
-pub use config::{FuseConfig, PAGE_SIZE};
+pub use config::{FuseConfig, SamplingConfig, PAGE_SIZE};
 pub use frontend::{ContainerStats, Frontend};
 pub use fs::{FuseError, Mount, Unmounter};
+pub use publish::{MountStats, PublishedContainer};

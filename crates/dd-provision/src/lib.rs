@@ -15,12 +15,15 @@
 //! papers name miss-ratio curves as the way to do it adaptively; the curves come from `dd-mrc`.
 //!
 //! Modules: [`model`] (inputs and the performance model: cost of an operation for an allocation),
-//! [`plan`] (the decision). Curves are `dd_mrc::Curve`s in pages.
+//! [`plan`] (the decision), [`report`] (what a guest provisioner reports after a round: the body of the
+//! daemon's `PUT /v1/vm/provisioner`, shared by the guest and the daemon). Curves are `dd_mrc::Curve`s in
+//! pages.
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod error;
 pub mod model;
 pub mod plan;
+pub mod report;
 
 pub use dd_mrc::{Curve, Unit};
 pub use error::ProvisionError;

@@ -60,7 +60,7 @@ impl Target {
         }
     }
 
-    fn validate(&self, field: &str) -> Result<(), ProvisionError> {
+    pub(crate) fn validate(&self, field: &str) -> Result<(), ProvisionError> {
         let ok = match *self {
             Target::Throughput { ops_s } => ops_s.is_finite() && ops_s > 0.0,
             Target::MeanLatency { ms } => ms.is_finite() && ms > 0.0,

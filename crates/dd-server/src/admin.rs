@@ -9,7 +9,8 @@
 //!
 //! Every error is JSON `{"code": "<stable name>", "message": "..."}`; codes are the engine's
 //! `CacheError::code_name()` plus `unauthorized`, `not_found`, `method_not_allowed`, `malformed_json`,
-//! `payload_too_large`, `bad_request`, `internal`. Engine calls that may evict or free many pages run
+//! `payload_too_large`, `bad_request`, `internal`, and the provisioner reports' `invalid_report` and
+//! `no_report` (the reports are kept in `crate::provisioner`). Engine calls that may evict or free many pages run
 //! on the blocking pool.
 //!
 //! A VM-scope request runs inside the registration its token belongs to (`auth::Registration::enter`):
@@ -18,6 +19,7 @@
 
 use crate::auth::{token_problem, Registration};
 use crate::config::VmConfig;
+use crate::provisioner::StoredReport;
 use crate::state::{PersistError, ServerState};
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -28,6 +30,7 @@ use axum::{Json, Router};
 use dd_engine::{
     CacheError, EvictionOrder, Mode, PoolId, PoolKind, PoolOptions, Spec, StoreKind, VmId, VmWeights,
 };
+use dd_provision::report::RoundReport;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -182,6 +185,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vm/pools/{pool}", get(get_pool).delete(destroy_pool))
         .route("/v1/vm/pools/{pool}/spec", put(set_spec))
         .route("/v1/vm/stats", get(vm_stats))
+        .route("/v1/vm/provisioner", get(get_own_report).put(put_own_report))
+        .route("/v1/provisioner", get(list_reports))
         .merge(crate::ui::router())
         .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -604,4 +609,38 @@ async fn set_spec(
 
 async fn vm_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::VmStats>> {
     Ok(Json(vm_scoped(&s, &headers, move |s, vm| s.cache.vm_stats(vm)).await?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Guest provisioners' reports (`crate::provisioner`)
+// ---------------------------------------------------------------------------------------------
+
+fn no_report() -> ApiError {
+    err(StatusCode::NOT_FOUND, "no_report", "no provisioner has reported for this VM")
+}
+
+/// VM scope: the VM's provisioner reports its last round (checked, then kept while the registration the
+/// token belongs to is live).
+async fn put_own_report(
+    State(s): St,
+    headers: HeaderMap,
+    body: Result<Json<RoundReport>, JsonRejection>,
+) -> ApiResult<Json<StoredReport>> {
+    let reg = vm_auth(&s, &headers)?;
+    let Json(r) = body?;
+    r.validate().map_err(|e| err(StatusCode::BAD_REQUEST, "invalid_report", e.to_string()))?;
+    let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+    Ok(Json(s.provisioner.put(reg.vm, r)))
+}
+
+async fn get_own_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<StoredReport>> {
+    let reg = vm_auth(&s, &headers)?;
+    let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+    s.provisioner.get(reg.vm).map(Json).ok_or_else(no_report)
+}
+
+/// Host scope: every registered VM's last report.
+async fn list_reports(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<StoredReport>>> {
+    host_auth(&s, &headers)?;
+    Ok(Json(s.provisioner.all().into_iter().filter(|r| s.registry.contains(VmId(r.vm))).collect()))
 }

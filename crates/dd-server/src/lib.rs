@@ -26,6 +26,7 @@ pub mod handler;
 pub mod metrics;
 pub mod net;
 pub mod persist;
+pub mod provisioner;
 pub mod state;
 pub mod ui;
 

@@ -62,6 +62,8 @@ pub struct ServerState {
     /// De-duplication group names and their engine numbers; each VM's group name (leaves).
     dedup_groups: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
     dedup_group_names: parking_lot::Mutex<std::collections::HashMap<VmId, String>>,
+    /// Each VM's last guest provisioner report (`crate::provisioner`; a leaf).
+    pub provisioner: crate::provisioner::Reports,
 }
 
 impl ServerState {
@@ -106,6 +108,7 @@ impl ServerState {
             shutting_down: AtomicBool::new(false),
             dedup_groups: Default::default(),
             dedup_group_names: Default::default(),
+            provisioner: Default::default(),
         };
         for vm in &cfg.vms {
             state.register(vm).map_err(ServerError::Engine)?;
@@ -213,6 +216,7 @@ impl ServerState {
         p.remove(vm.0)?;
         self.registry.remove(vm);
         self.dedup_group_names.lock().remove(&vm);
+        self.provisioner.forget(vm);
         Ok(self.cache.remove_vm(vm)?)
     }
 
@@ -248,6 +252,8 @@ impl ServerState {
             admin_token_sha256: a.to_hex(),
         })?;
         self.registry.replace_tokens(vm, data_token, admin_token).ok_or(CacheError::UnknownVm(vm))?;
+        // A report sent under the old tokens is not the new holder's.
+        self.provisioner.forget(vm);
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dd_guest::{WatchConfig, Watcher};
+use dd_guest::{GuestProvisioner, ProvisionFileConfig, RoundReport, WatchConfig, Watcher};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +13,92 @@ pub enum GuestCommand {
     /// Watch a cgroup hierarchy: a pool per container cgroup, created, respecified and destroyed as
     /// cgroups come, change and go.
     Watch(WatchArgs),
+    /// Provision the containers of a `doubledecker mount` to targets: from the curves the mount samples,
+    /// set each one's first-level budget, pool spec and (where configured) cgroup memory limit. Prints
+    /// each round's plan as a JSON line; an infeasible target is reported on stderr; with `[admin]` each
+    /// round is also reported to the daemon's admin API (`DD_VM_ADMIN_TOKEN`), where `/ui/` shows it.
+    Provision(ProvisionArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProvisionArgs {
+    /// The provisioner's TOML configuration (README "Provisioning to targets", "On a real guest").
+    #[arg(long)]
+    config: PathBuf,
+    /// This VM's data-plane token (printed by `vm add`); overrides the file's `daemon.data_token`.
+    #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the plan for what the mount published now, change nothing, exit (3 if a target is
+    /// infeasible).
+    #[arg(long)]
+    dry_run: bool,
+    /// One round, applied, then exit (3 if a target is infeasible).
+    #[arg(long)]
+    once: bool,
+}
+
+/// Exit status of a one-shot round whose plan cannot meet every target.
+const INFEASIBLE_EXIT: i32 = 3;
+
+fn say_infeasible(r: &RoundReport) {
+    if !r.feasible {
+        errln!(
+            "guest provision: infeasible: {} (no plan within the budget meets their targets)",
+            r.infeasible.join(", ")
+        );
+    }
+}
+
+/// Sends an applied round to the admin API (`[admin]`); a daemon that cannot take it is said, and the
+/// rounds go on (the settings are applied whether or not anyone watches).
+fn report_to_admin(p: &GuestProvisioner, r: &RoundReport) {
+    if let Err(e) = p.publish(r) {
+        errln!("guest provision: {e}");
+    }
+}
+
+fn provision(a: ProvisionArgs) -> Result<()> {
+    let cfg = ProvisionFileConfig::load(&a.config, a.token.as_deref())?;
+    let interval = Duration::from_millis(cfg.interval_ms);
+    let mut p = GuestProvisioner::new(cfg).context("starting the provisioner")?;
+    if a.dry_run || a.once {
+        let Some(r) = p.round(a.dry_run)? else {
+            anyhow::bail!("the mount has published no container yet ({})", p.config().stats_file.display());
+        };
+        if a.dry_run {
+            outln!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            outln!("{}", serde_json::to_string(&r)?);
+            report_to_admin(&p, &r);
+        }
+        say_infeasible(&r);
+        if !r.feasible {
+            std::process::exit(INFEASIBLE_EXIT);
+        }
+        return Ok(());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    while !stop.load(Ordering::Relaxed) {
+        match p.round(false) {
+            Ok(Some(r)) => {
+                outln!("{}", serde_json::to_string(&r)?);
+                say_infeasible(&r);
+                report_to_admin(&p, &r);
+            }
+            Ok(None) => {}
+            // The daemon away, a file being replaced: said, and the next round tries again.
+            Err(e) => errln!("guest provision: {e}"),
+        }
+        // Sleep in short steps so that a signal does not wait a whole interval.
+        let until = std::time::Instant::now() + interval;
+        while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50).min(interval));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -30,6 +116,7 @@ pub struct WatchArgs {
 
 pub fn run(cmd: GuestCommand) -> Result<()> {
     match cmd {
+        GuestCommand::Provision(a) => provision(a)?,
         GuestCommand::Watch(a) => {
             let cfg = WatchConfig::load(&a.config, a.token.as_deref())?;
             let interval = Duration::from_millis(cfg.poll_interval_ms);

@@ -185,11 +185,51 @@ fn admin_api_matches_its_openapi_document() {
     assert_eq!(s, 200);
     assert!(m.as_str().unwrap().contains("dd_pool_used_pages"));
     assert_eq!(c.call("GET", "/metrics", t1, None).0, 401);
+    // A guest provisioner's reports: kept per VM, shown to that VM and to the host; refused with a
+    // stable code when out of bounds.
+    assert_eq!(c.call("GET", "/v1/vm/provisioner", t1, None).1["code"], "no_report");
+    let container = json!({
+        "name": "web", "pool": pool, "budget_bytes": 1048576, "mem_cache_bytes": 4194304,
+        "ssd_cache_bytes": 0, "spec": {"type": "mem", "weight": 16}, "memory_limit_bytes": null,
+        "measured_hit_ratio": 0.75, "measured_latency_ms": 0.01, "reads_per_s": 1000.0,
+        "predicted_hit_ratio": 0.95, "predicted_latency_ms": 0.005, "predicted_reads_per_s": 1000.0,
+        "target": {"kind": "hit_ratio", "ratio": 0.9}, "target_met": true, "measured_target_met": false,
+        "footprint_bytes": 8388608
+    });
+    let report = json!({
+        "round": 3, "applied": true, "feasible": true, "infeasible": [], "kept_current": false,
+        "memory_bytes": 16777216, "mem_cache_bytes": 16777216, "ssd_cache_bytes": 0,
+        "containers": [container]
+    });
+    let (s, kept) = c.call("PUT", "/v1/vm/provisioner", t1, Some(report.clone()));
+    assert_eq!((s, kept["vm"].as_u64(), kept["report"]["round"].as_u64()), (200, Some(1), Some(3)));
+    assert_eq!(c.call("GET", "/v1/vm/provisioner", t1, None).1["report"], report);
+    let mut bad = report.clone();
+    bad["containers"][0]["measured_hit_ratio"] = json!(1.5);
+    let (s, e) = c.call("PUT", "/v1/vm/provisioner", t1, Some(bad));
+    assert_eq!((s, e["code"].as_str()), (400, Some("invalid_report")));
+    assert!(e["message"].as_str().unwrap().contains("containers[0].measured_hit_ratio"), "{e}");
+    assert_eq!(
+        c.call("PUT", "/v1/vm/provisioner", t1, Some(json!({"round": 1}))).1["code"],
+        "malformed_json"
+    );
+    assert_eq!(c.call("PUT", "/v1/vm/provisioner", h, Some(report.clone())).0, 401);
+    assert_eq!(c.call("GET", "/v1/vm/provisioner", None, None).0, 401);
+    assert_eq!(c.call("PUT", "/v1/vm/provisioner", Some(&t2), Some(report.clone())).0, 200);
+    let (s, all) = c.call("GET", "/v1/provisioner", h, None);
+    assert_eq!((s, all.as_array().unwrap().len()), (200, 2), "the host sees every VM's report");
+    assert_eq!(c.call("GET", "/v1/provisioner", t1, None).0, 401);
     assert_eq!(c.call("DELETE", &format!("/v1/vm/pools/{pool}"), t1, None).0, 204);
     assert_eq!(c.call("DELETE", &format!("/v1/vm/pools/{pool}"), t1, None).0, 404);
     assert_eq!(c.call("DELETE", "/v1/vms/2", h, None).0, 204);
     assert_eq!(c.call("DELETE", "/v1/vms/2", h, None).0, 404);
     assert_eq!(c.call("GET", "/v1/vm/stats", Some(&t2), None).0, 401, "a removed VM's token is dead");
+    let (s, all) = c.call("GET", "/v1/provisioner", h, None);
+    assert_eq!(
+        (s, all[0]["vm"].as_u64(), all.as_array().unwrap().len()),
+        (200, Some(1), 1),
+        "a removed VM's report goes with it"
+    );
 
     // Every documented operation was exercised.
     let mut documented = BTreeSet::new();

@@ -1,9 +1,11 @@
 //! `/ui/` in a real browser: headless Chromium (Debian's `chromium`, installed by .ci/run) opens the
 //! page of a real daemon while two VMs put pages into two containers each, waits until the page shows
 //! data, and checks from its DOM that both VMs' containers appear with non-zero use; with one VM's admin
-//! token only that VM appears; with the daemon gone while the page is open (a proxy that starts dropping
-//! the API's requests) the page says it is unreachable. A screenshot goes
-//! to `docs/ui.png`.
+//! token only that VM appears; VM 2's guest provisioner (the real `doubledecker guest provision`, one
+//! round over what a mount would publish) reports its targets and decisions, which the page shows for
+//! VM 2 and only to those who may see VM 2; with the daemon gone while the page is open (a proxy that
+//! starts dropping the API's requests) the page says it is unreachable. A screenshot goes to
+//! `docs/ui.png`.
 //!
 //! Chromium runs in a memory cgroup of its own (2 GiB) when the test may create one, so that it cannot
 //! take the shared machine's memory.
@@ -116,6 +118,110 @@ fn containers(dom: &str) -> Vec<(u32, u32, u64)> {
         .collect()
 }
 
+/// The `data-container` names of the provisioner's decision rows of `vm` on the page.
+fn decisions(dom: &str, vm: u32) -> Vec<String> {
+    dom.split("<tr ")
+        .skip(1)
+        .filter(|s| s.contains("class=\"decision\"") && s.contains(&format!("data-vm=\"{vm}\"")))
+        .filter_map(|s| Some(s.split("data-container=\"").nth(1)?.split('"').next()?.to_string()))
+        .collect()
+}
+
+/// One round of the real guest provisioner for VM 2, applied and reported to the admin API: over what a
+/// mount would publish for two containers that loop over 1,000 and 2,000 pages (their curves computed
+/// exactly from those loops), with the watcher's map naming VM 2's two pools.
+fn provision_vm2(d: &Daemon, v2: &common::TestVm) {
+    use dd_guest::mount_stats::{MountStats, PublishedContainer, ReadTimesSnapshot};
+    use dd_mrc::{Curve, ExactLru, Mrc, Unit};
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = d.tcp_client(v2);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pools = loop {
+        let mut p = c.list_pools().unwrap();
+        if p.len() == 2 {
+            p.sort();
+            break p;
+        }
+        assert!(Instant::now() < deadline, "VM 2's load never made its pools");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let instance = c.info().instance.unwrap();
+    let published = |name: &str, pages: u64| {
+        let mut m = ExactLru::new(Unit::Pages);
+        for _ in 0..20 {
+            for k in 0..pages {
+                m.access(k);
+            }
+        }
+        let curve: Curve = m.curve_at(&Curve::even_sizes(pages + pages / 10 + 1, 64));
+        let reads = 20 * pages;
+        PublishedContainer {
+            name: name.into(),
+            pool: None,
+            l1_budget_pages: 64,
+            l1_pages: 64,
+            l1_hits: reads - reads / 10,
+            pool_hits: reads / 20,
+            backing_pages: reads / 20,
+            times: ReadTimesSnapshot {
+                read_ns: reads * 40_000,
+                read_pages: reads,
+                pool_ns: reads / 20 * 30_000,
+                pool_pages: reads / 20,
+                backing_ns: reads / 20 * 500_000,
+                backing_pages: reads / 20,
+            },
+            curve: Some(curve),
+            footprint_pages: pages,
+        }
+    };
+    let stats = MountStats {
+        page_size: 4096,
+        uptime_ms: 60_000,
+        containers: vec![published("db", 2000), published("web", 1000)],
+    };
+    std::fs::write(dir.path().join("stats.json"), serde_json::to_vec(&stats).unwrap()).unwrap();
+    let state = serde_json::json!({
+        "version": 2, "vm": 2, "instance": instance,
+        "pools": {
+            "web": {"pool": pools[0].0, "spec": {"type": "mem", "weight": 60}, "kind": "ephemeral", "path": "/web"},
+            "db": {"pool": pools[1].0, "spec": {"type": "mem", "weight": 40}, "kind": "ephemeral", "path": "/db"}
+        }
+    });
+    std::fs::write(dir.path().join("pools.json"), state.to_string()).unwrap();
+    let cfg = dir.path().join("provision.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "stats_file = {:?}\nbudgets_file = {:?}\nstate_file = {:?}\nmemory_bytes = 16777216\n\
+             [daemon]\ntcp = {:?}\nvm = 2\ndata_token = {:?}\n[admin]\nurl = {:?}\ntoken = {:?}\n\
+             [containers.web]\ntarget = {{ kind = \"hit_ratio\", ratio = 0.9 }}\n\
+             [containers.db]\ntarget = {{ kind = \"hit_ratio\", ratio = 0.8 }}\n",
+            dir.path().join("stats.json").display().to_string(),
+            dir.path().join("budgets.json").display().to_string(),
+            dir.path().join("pools.json").display().to_string(),
+            d.tcp.to_string(),
+            v2.data_token,
+            d.admin,
+            v2.admin_token
+        ),
+    )
+    .unwrap();
+    let out = Command::new(common::dd_bin())
+        .args(["guest", "provision", "--once", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "guest provision --once: {}", String::from_utf8_lossy(&out.stderr));
+    let round: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (status, kept) = d.http("GET", "/v1/vm/provisioner", Some(&v2.admin_token), None);
+    assert_eq!(
+        (status, &kept["report"]),
+        (200, &round),
+        "the daemon keeps the round the provisioner printed"
+    );
+}
+
 #[test]
 fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
     let (v1, v2) = (vm(1), vm(2));
@@ -147,6 +253,7 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
             }
         }));
     }
+    provision_vm2(&d, &v2);
     let b = BrowserCgroup::new();
     let host_url = format!("{}/ui/#token={HOST_TOKEN}", d.admin);
 
@@ -156,7 +263,11 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         let page = dom(&b, &host_url);
         let cs = containers(&page);
         let seen = |vm: u32| cs.iter().filter(|c| c.0 == vm && c.2 > 0).count();
-        if seen(1) == 2 && seen(2) == 2 && page.contains("data-state=\"live\"") {
+        if seen(1) == 2
+            && seen(2) == 2
+            && page.contains("data-state=\"live\"")
+            && !decisions(&page, 2).is_empty()
+        {
             break page;
         }
         assert!(
@@ -177,16 +288,30 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         }
     }
 
+    // VM 2's provisioner: both containers' targets and decisions, under VM 2 only.
+    assert_eq!(decisions(&host_dom, 2), ["db", "web"], "{host_dom}");
+    assert!(decisions(&host_dom, 1).is_empty(), "VM 1 has no provisioner:\n{host_dom}");
+    assert!(
+        host_dom.contains("hit ratio &gt;= 90.0%") && host_dom.contains("every target feasible"),
+        "{host_dom}"
+    );
+
     // A VM's admin token: that VM only.
     let vm_dom = dom(&b, &format!("{}/ui/#token={}", d.admin, v2.admin_token));
     let cs = containers(&vm_dom);
     assert!(cs.len() == 2 && cs.iter().all(|c| c.0 == 2 && c.2 > 0), "VM 2's token showed {cs:?}\n{vm_dom}");
     assert!(!vm_dom.contains("data-vm=\"1\""), "VM 2's token shows VM 1:\n{vm_dom}");
+    assert_eq!(decisions(&vm_dom, 2), ["db", "web"], "VM 2's token sees its provisioner:\n{vm_dom}");
+    let vm1_dom = dom(&b, &format!("{}/ui/#token={}", d.admin, v1.admin_token));
+    assert!(
+        !containers(&vm1_dom).is_empty() && !vm1_dom.contains("data-provisioner-vm"),
+        "VM 1's token shows VM 2's provisioner:\n{vm1_dom}"
+    );
 
     // The screenshot for docs/.
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui.png");
     b.run(&[
-        "--window-size=1280,900".into(),
+        "--window-size=1280,1400".into(),
         "--virtual-time-budget=8000".into(),
         format!("--screenshot={}", shot.display()),
         host_url.clone(),
@@ -200,7 +325,8 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
     // The daemon gone while the page is open: the page, loaded through a proxy that passes its assets
     // and its first poll and then drops every API request as a dead daemon would, says so (and still
     // shows what it had).
-    let proxy = CuttingProxy::start(&d.admin, 1);
+    // (Two API requests per poll: the statistics and the provisioners' reports.)
+    let proxy = CuttingProxy::start(&d.admin, 2);
     let gone = dom(&b, &format!("{}/ui/#token={HOST_TOKEN}", proxy.url));
     assert!(proxy.cut_requests() > 0, "the page did not poll again after its first poll");
     assert!(

@@ -2,8 +2,10 @@
 // the admin API with the token given (host scope: /v1/stats, every VM; VM scope: /v1/vm/stats, that
 // VM only), keeps the last minutes of samples in memory, and draws each VM's containers' use as stacked
 // areas against the VM's entitlement, static (the weight share, dashed) and effective (with the shares
-// under-used VMs and containers leave lent out by weight, solid). When a poll fails it says so at once
-// and keeps trying.
+// under-used VMs and containers leave lent out by weight, solid). Where a guest provisioner reports
+// (`doubledecker guest provision` with `[admin]`: /v1/provisioner, or /v1/vm/provisioner in VM scope),
+// each VM also shows its containers' targets and the provisioner's last decisions. When a poll fails it
+// says so at once and keeps trying.
 "use strict";
 const POLL_MS = 2000;
 const WINDOW_S = 300;
@@ -18,8 +20,11 @@ function setStatus(state, text) {
   s.textContent = text;
 }
 
+function get(path) {
+  return fetch(path, { headers: { Authorization: "Bearer " + token }, cache: "no-store" });
+}
+
 async function fetchStats() {
-  const get = (path) => fetch(path, { headers: { Authorization: "Bearer " + token }, cache: "no-store" });
   if (scope !== "vm") {
     const r = await get("/v1/stats");
     if (r.ok) { scope = "host"; return r.json(); }
@@ -29,6 +34,59 @@ async function fetchStats() {
   if (r.ok) { scope = "vm"; const v = await r.json(); return { vms: [v], vm_scope: true }; }
   if (r.status === 401 || r.status === 403) { scope = null; const e = new Error("unauthorized"); e.auth = true; throw e; }
   throw new Error("HTTP " + r.status);
+}
+
+// The provisioners' last reports by VM id (none where no provisioner reports: 404 no_report).
+async function fetchProvisioner() {
+  const r = await get(scope === "host" ? "/v1/provisioner" : "/v1/vm/provisioner");
+  if (r.status === 404) return {};
+  if (!r.ok) throw new Error("HTTP " + r.status);
+  const body = await r.json();
+  const out = {};
+  for (const rep of Array.isArray(body) ? body : [body]) out[rep.vm] = rep;
+  return out;
+}
+
+const MIB = 1048576;
+function mib(bytes) { return bytes == null ? "-" : (bytes / MIB).toFixed(1) + " MiB"; }
+function pct(x) { return (100 * x).toFixed(1) + "%"; }
+function targetText(t) {
+  if (!t) return "none";
+  if (t.kind === "hit_ratio") return "hit ratio >= " + pct(t.ratio);
+  if (t.kind === "mean_latency") return "latency <= " + t.ms + " ms";
+  return "reads/s >= " + t.ops_s;
+}
+function metText(m) { return m == null ? "-" : m ? "met" : "missed"; }
+function specText(s) {
+  if (s.type === "hybrid") return `hybrid ${s.mem_weight}:${s.ssd_weight}`;
+  return s.type === "none" ? "none" : `${s.type} ${s.weight}`;
+}
+
+// A VM's provisioner section: its last round's targets and decisions, with how old the report is.
+function provisionerSection(stored) {
+  const r = stored.report;
+  const age = Math.max(0, Math.round((Date.now() - stored.received_unix_ms) / 1000));
+  const verdict = r.feasible ? "every target feasible" : "infeasible: " + r.infeasible.join(", ");
+  const head = el("tr", {}, ...["container", "target", "plan", "measured", "hit ratio measured / predicted",
+    "latency ms measured / predicted", "reads/s", "first level", "mem cache", "ssd cache", "spec", "memory limit"].map((h) => el("th", {}, h)));
+  const rows = r.containers.map((c) => el("tr", { className: "decision", "data-vm": stored.vm, "data-container": c.name,
+      "data-budget": c.budget_bytes, "data-target-met": String(c.target_met), "data-measured-met": String(c.measured_target_met) },
+    el("td", {}, c.name + (c.pool == null ? "" : ` (pool ${c.pool})`)),
+    el("td", {}, targetText(c.target)),
+    el("td", { className: "met-" + metText(c.target_met) }, metText(c.target_met)),
+    el("td", { className: "met-" + metText(c.measured_target_met) }, metText(c.measured_target_met)),
+    el("td", {}, `${pct(c.measured_hit_ratio)} / ${pct(c.predicted_hit_ratio)}`),
+    el("td", {}, `${c.measured_latency_ms} / ${c.predicted_latency_ms}`),
+    el("td", {}, `${c.reads_per_s}`),
+    el("td", {}, mib(c.budget_bytes)),
+    el("td", {}, mib(c.mem_cache_bytes)),
+    el("td", {}, mib(c.ssd_cache_bytes)),
+    el("td", {}, specText(c.spec)),
+    el("td", {}, mib(c.memory_limit_bytes))));
+  return el("div", { className: "provisioner", "data-provisioner-vm": stored.vm, "data-feasible": String(r.feasible) },
+    el("h3", {}, `Provisioner: round ${r.round}${r.applied ? "" : " (dry run)"}, ${verdict}; shared out: first level ${mib(r.memory_bytes)}, ` +
+      `mem cache ${mib(r.mem_cache_bytes)}, ssd cache ${mib(r.ssd_cache_bytes)}; reported ${age} s ago`),
+    el("table", {}, head, ...rows));
 }
 
 function sum(c, field) { return (c.mem[field] || 0) + (c.ssd[field] || 0); }
@@ -92,7 +150,7 @@ function drawChart(canvas, vmId, store) {
   ctx.fillText(max + " pages", 4, 12);
 }
 
-function render(stats) {
+function render(stats, prov) {
   const host = document.getElementById("host");
   host.replaceChildren();
   if (stats.stores) {
@@ -108,6 +166,9 @@ function render(stats) {
   vms.replaceChildren();
   for (const v of stats.vms) {
     const pv = prev && prev.vms.find((x) => x.vm === v.vm);
+    // Container names, where a provisioner reports them with their pools.
+    const names = {};
+    for (const c of (prov[v.vm] ? prov[v.vm].report.containers : [])) if (c.pool != null) names[c.pool] = c.name;
     const rows = (v.pools || []).map((p, i) => {
       const pp = pv && (pv.pools || []).find((x) => x.pool === p.pool);
       const c = p.counters;
@@ -118,7 +179,7 @@ function render(stats) {
       return el("tr", { "data-vm": v.vm, "data-pool": p.pool, "data-used": used,
         "data-mem-ent": c.mem.entitlement, "data-mem-eff": c.mem.effective_entitlement || 0,
         "data-ssd-ent": c.ssd.entitlement, "data-ssd-eff": c.ssd.effective_entitlement || 0, className: "container" },
-        el("td", {}, el("span", { className: "swatch", style: "background:" + COLORS[i % COLORS.length] }), `pool ${p.pool}`),
+        el("td", {}, el("span", { className: "swatch", style: "background:" + COLORS[i % COLORS.length] }), `pool ${p.pool}` + (names[p.pool] ? ` (${names[p.pool]})` : "")),
         el("td", {}, `${p.spec.type}`),
         el("td", {}, ents("mem")),
         el("td", {}, ents("ssd")),
@@ -137,7 +198,7 @@ function render(stats) {
     }
     vms.append(el("div", { className: "vm", "data-vm": v.vm },
       el("h2", {}, `VM ${v.vm} (weights mem ${v.weights.mem}, ssd ${v.weights.ssd}; entitlement effective / static: mem ${v.totals.mem.effective_entitlement || 0} / ${v.totals.mem.entitlement}, ssd ${v.totals.ssd.effective_entitlement || 0} / ${v.totals.ssd.entitlement} pages)`),
-      charts, el("table", {}, head, ...rows)));
+      charts, el("table", {}, head, ...rows), ...(prov[v.vm] ? [provisionerSection(prov[v.vm])] : [])));
   }
 }
 
@@ -145,10 +206,11 @@ async function poll() {
   if (!token) { setStatus("starting", "enter a token"); return; }
   try {
     const stats = await fetchStats();
+    const prov = await fetchProvisioner();
     const t = Date.now() / 1000;
     past.push({ t, vms: stats.vms });
     while (past.length && past[0].t < t - WINDOW_S) past.shift();
-    render(stats);
+    render(stats, prov);
     setStatus("live", `live (${scope} scope), updated ${new Date().toLocaleTimeString()}`);
   } catch (e) {
     if (e.auth) setStatus("unauthorized", "the token is not accepted (host or VM admin token)");
