@@ -547,7 +547,7 @@ mod tests {
     #[test]
     fn small_run_end_to_end() {
         if fio_version().is_err() {
-            eprintln!("fio not installed; skipping");
+            dd_testkit::skipped(&["fio"], "bench ssd small_run_end_to_end: fio not installed");
             return;
         }
         let dir = tempfile::Builder::new().prefix("dd-bench-ssd").tempdir_in("/var/tmp").expect("temp dir");
@@ -562,7 +562,10 @@ mod tests {
         let report = match run(&opts) {
             Ok(r) => r,
             Err(BenchError::Store(e)) => {
-                eprintln!("store refused direct i/o here; skipping: {e}");
+                dd_testkit::skipped(
+                    &["odirect"],
+                    &format!("bench ssd: the store refused direct i/o here: {e}"),
+                );
                 return;
             }
             Err(e) => panic!("{e}"),

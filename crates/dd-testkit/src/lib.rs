@@ -13,8 +13,9 @@
 //!   not a silent pass.
 //!
 //! Feature names: `root`, `fuse` (`/dev/fuse`), `memcg` (a cgroup v1 or v2 memory controller), `odirect`
-//! (O_DIRECT on the disk scratch directory), `uring` (io_uring allowed), and a program's name for
-//! programs (`sqlite3`, `python3`).
+//! (O_DIRECT on the disk scratch directory), `uring` (io_uring allowed), `shm-tmpfs` (`/dev/shm` is a
+//! tmpfs), a program's name for programs (`sqlite3`, `python3`, `fio`); `cgroup-user-xattr` is never
+//! probed (a skip for it is only reported).
 #![forbid(unsafe_code)]
 
 /// The environment variable `.ci/run` sets to the features the machine has.

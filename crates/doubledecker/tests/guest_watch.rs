@@ -69,7 +69,11 @@ fn pools_follow_cgroups_and_shutdown_leaves_nothing() {
         let web = client.pool_stats(w.pools()["web"].pool).unwrap();
         assert_eq!(web.spec, Spec::Hybrid { mem_weight: 3, ssd_weight: 1 });
     } else {
-        eprintln!("no user xattrs on this file system: annotation step skipped");
+        // Not probed by .ci/run (user xattrs on cgroupfs depend on the kernel): visible, never fatal.
+        dd_testkit::skipped(
+            &["cgroup-user-xattr"],
+            "guest_watch: no user xattrs on cgroupfs, annotation step",
+        );
     }
 
     // A cgroup goes: its pool goes; a new one comes: a new pool.

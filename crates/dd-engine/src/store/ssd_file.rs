@@ -210,7 +210,7 @@ mod tests {
     fn shm_dir() -> Option<tempfile::TempDir> {
         let shm = Path::new("/dev/shm");
         if !is_memory_backed(shm).unwrap_or(false) {
-            eprintln!("skipping: /dev/shm is not a tmpfs here");
+            dd_testkit::skipped(&["shm-tmpfs"], "store::ssd_file: /dev/shm is not a tmpfs here");
             return None;
         }
         Some(
@@ -261,7 +261,8 @@ mod tests {
         let (file, _, _) = open_file(&options(dir.path().join("store.bin"), false), 16 * MIB).unwrap();
         let allocated = file.metadata().unwrap().blocks() * 512;
         if is_memory_backed(dir.path()).unwrap() {
-            eprintln!("skipping: {} is memory-backed", dir.path().display());
+            let why = format!("store::ssd_file: {} is memory-backed", dir.path().display());
+            dd_testkit::skipped(&["odirect"], &why);
             return;
         }
         // A file system without fallocate leaves the file sparse; ext4, xfs and btrfs reserve.
