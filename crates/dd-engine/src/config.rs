@@ -9,6 +9,11 @@ use std::path::PathBuf;
 pub const MIB: u64 = 1024 * 1024;
 pub const GIB: u64 = 1024 * MIB;
 
+/// The most pages the memory store's arena may hold (`mem.max_capacity_bytes / page_size_bytes`): a
+/// compressed page's frame id is `1 << 31 | frame << 1 | half` (`store::mem`), so frame numbers must fit
+/// in 30 bits.
+pub const MAX_MEM_FRAMES: u32 = 1 << 30;
+
 /// Whether to open the SSD file with `O_DIRECT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -199,7 +204,7 @@ impl EngineConfig {
         if self.mem.max_bytes() < self.mem.capacity_bytes {
             return Err(CacheError::invalid("mem.max_capacity_bytes", "smaller than mem.capacity_bytes"));
         }
-        if self.mem.max_bytes() / ps > crate::store::mem::MAX_FRAMES as u64 {
+        if self.mem.max_bytes() / ps > MAX_MEM_FRAMES as u64 {
             return Err(CacheError::invalid(
                 "mem.max_capacity_bytes",
                 "more than 2^30 pages (a compressed page's frame id keeps the top bit and one half bit)",

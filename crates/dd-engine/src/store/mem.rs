@@ -32,9 +32,10 @@ pub struct FrameId(pub u32);
 
 const HALF_BIT: u32 = 1 << 31;
 
-/// The most frames an arena may have: a half's id is `HALF_BIT | frame << 1 | half`, so a frame number
-/// must fit in 30 bits for its halves to be told from whole frames and from each other.
-pub const MAX_FRAMES: u32 = 1 << 30;
+/// The most frames an arena may have (`EngineConfig::validate` refuses more): a half's id is
+/// `HALF_BIT | frame << 1 | half`, so a frame number must fit in 30 bits for its halves to be told from
+/// whole frames and from each other.
+pub use crate::config::MAX_MEM_FRAMES as MAX_FRAMES;
 
 impl FrameId {
     fn half(frame: u32, half: u32) -> FrameId {
