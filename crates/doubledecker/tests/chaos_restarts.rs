@@ -140,20 +140,14 @@ fn chaos_daemon_sigkills_readers_see_no_error_hits_resume_and_the_watcher_adopts
     let state_path = work.path().join("pools.json");
 
     // The watcher: web in memory (weight 60), db on the SSD store (weight 30).
-    let watch_cfg = work.path().join("watch.toml");
-    std::fs::write(
-        &watch_cfg,
-        format!(
-            "cgroup_parent = {:?}\nstate_file = {:?}\npoll_interval_ms = 100\n[daemon]\nunix_socket = {:?}\n\
-             vm = 2\ndata_token = {:?}\n[containers.web]\nspec = {{ type = \"mem\", weight = 60 }}\n\
-             [containers.db]\nspec = {{ type = \"ssd\", weight = 30 }}\n",
-            groups.parent.display().to_string(),
-            state_path.display().to_string(),
-            d.unix.display().to_string(),
-            v.data_token
-        ),
-    )
-    .unwrap();
+    let watch_cfg = watch_config(
+        work.path(),
+        &d.unix,
+        2,
+        &v.data_token,
+        &groups.parent,
+        &[("web", "mem", 60), ("db", "ssd", 30)],
+    );
     let specs = [("web", Spec::Mem { weight: 60 }), ("db", Spec::Ssd { weight: 30 })];
     let mut watch = watcher(&watch_cfg, &work.path().join("watch.log"));
     wait_for_file(&state_path, |t| t.contains("\"web\"") && t.contains("\"db\""));

@@ -42,20 +42,14 @@ fn containers_on_the_mount_use_their_own_pools() {
     std::fs::create_dir_all(&mnt).unwrap();
 
     // The watcher: a pool per container, web weighted twice db.
-    let watch_cfg = work.path().join("watch.toml");
-    std::fs::write(
-        &watch_cfg,
-        format!(
-            "cgroup_parent = {:?}\nstate_file = {:?}\npoll_interval_ms = 100\n[daemon]\nunix_socket = {:?}\n\
-             vm = 2\ndata_token = {:?}\n[containers.web]\nspec = {{ type = \"mem\", weight = 60 }}\n\
-             [containers.db]\nspec = {{ type = \"mem\", weight = 30 }}\n",
-            groups.parent.display().to_string(),
-            work.path().join("pools.json").display().to_string(),
-            d.unix.display().to_string(),
-            v.data_token
-        ),
-    )
-    .unwrap();
+    let watch_cfg = watch_config(
+        work.path(),
+        &d.unix,
+        2,
+        &v.data_token,
+        &groups.parent,
+        &[("web", "mem", 60), ("db", "mem", 30)],
+    );
     let mut watcher = Proc::spawn(
         "guest watch",
         Command::new(env!("CARGO_BIN_EXE_doubledecker")).args(["guest", "watch", "--config"]).arg(&watch_cfg),

@@ -97,20 +97,14 @@ fn the_provisioner_meets_two_hit_ratio_targets_and_reports_an_infeasible_budget(
     std::fs::write(back.join("fa"), bytes(1, 3 << 20)).unwrap();
     std::fs::write(back.join("fb"), bytes(2, 6 << 20)).unwrap();
 
-    let watch_cfg = work.path().join("watch.toml");
-    std::fs::write(
-        &watch_cfg,
-        format!(
-            "cgroup_parent = {:?}\nstate_file = {:?}\npoll_interval_ms = 100\n[daemon]\nunix_socket = {:?}\n\
-             vm = 2\ndata_token = {:?}\n[containers.a]\nspec = {{ type = \"mem\", weight = 90 }}\n\
-             [containers.b]\nspec = {{ type = \"mem\", weight = 10 }}\n",
-            groups.parent.display().to_string(),
-            work.path().join("pools.json").display().to_string(),
-            d.unix.display().to_string(),
-            v.data_token
-        ),
-    )
-    .unwrap();
+    let watch_cfg = watch_config(
+        work.path(),
+        &d.unix,
+        2,
+        &v.data_token,
+        &groups.parent,
+        &[("a", "mem", 90), ("b", "mem", 10)],
+    );
     let mut watcher = Proc::spawn(
         "guest watch",
         Command::new(dd_bin()).args(["guest", "watch", "--config"]).arg(&watch_cfg),

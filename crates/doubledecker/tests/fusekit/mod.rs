@@ -273,3 +273,28 @@ pub fn mount_config(dir: &Path, unix: &Path, vm: u32, token: &str, parent: &Path
     .unwrap();
     p
 }
+
+/// The watcher's configuration file for a daemon at `unix` (VM `vm`, polling every 100 ms; its state file
+/// is the mount's, `dir/pools.json`), with one pool per `(container, store type, weight)`.
+pub fn watch_config(
+    dir: &Path,
+    unix: &Path,
+    vm: u32,
+    token: &str,
+    parent: &Path,
+    containers: &[(&str, &str, u32)],
+) -> PathBuf {
+    let p = dir.join("watch.toml");
+    let mut text = format!(
+        "cgroup_parent = {:?}\nstate_file = {:?}\npoll_interval_ms = 100\n[daemon]\nunix_socket = {:?}\n\
+         vm = {vm}\ndata_token = {token:?}\n",
+        parent.display().to_string(),
+        dir.join("pools.json").display().to_string(),
+        unix.display().to_string(),
+    );
+    for (name, store, weight) in containers {
+        text += &format!("[containers.{name}]\nspec = {{ type = {store:?}, weight = {weight} }}\n");
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
