@@ -2,7 +2,7 @@
 //!
 //! Everything in [`PoolInner`] is guarded by the pool's mutex; no other lock is taken while it is held
 //! except, in `migrate_object`, the lock of a second pool, always in increasing pool-id order (see the
-//! lock order in `cache.rs`). Page bytes are never copied into or out of the SSD, and frames and slots
+//! lock order in `cache/mod.rs`). Page bytes are never copied into or out of the SSD, and frames and slots
 //! are never freed, while the lock is held: callers take locations out under the lock and do the
 //! expensive part after releasing it. Memory frames of entries that stay in the index are read under the
 //! lock (non-exclusive gets, demotion), which is what keeps a concurrent free from racing the copy.

@@ -1,0 +1,560 @@
+//! The data path: puts, gets (single and batched), flushes and object migration, by id or through a
+//! [`PoolHandle`].
+//!
+//! A put first places the bytes (memory: shared with an equal page, in half a frame, or in a frame of its
+//! own; SSD: a fresh slot), reserving room in the store and evicting if it is full (`evict`), and only
+//! then indexes the page under the pool lock; a refused put still invalidates the older copy of its key.
+//! A get takes an exclusive pool's page out of the index under the lock and copies it outside; a
+//! non-exclusive get copies memory pages under the lock and reads SSD pages outside it, validating the
+//! entry's version afterwards (a get may miss, never return stale bytes). Locations taken out of the
+//! index are freed with no pool lock held.
+
+use super::{Cache, Shared, GROUP_DOMAINS};
+use crate::config::Maintenance;
+use crate::error::CacheError;
+use crate::pool::{Arrival, Departure, Loc, Pool, Saving};
+use crate::store::dedup::{hash_page, Lookup};
+use crate::types::{Key, PoolId, PutOutcome, Spec, StoreKind, VmId};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Cache {
+    // ------------------------------------------------------------------------------------------
+    // VM scope: the data path
+    // ------------------------------------------------------------------------------------------
+
+    /// Stores a page. Replaces any page of the same key. An ephemeral put may be refused under pressure.
+    pub fn put(&self, vm: VmId, pool: PoolId, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
+        self.check_len(data.len())?;
+        let p = self.shared.pool(vm, pool)?;
+        self.shared.put_in(&p, key, data)
+    }
+
+    /// A handle on one pool's data path: puts and gets through it skip the pool-table lookup (a shard
+    /// read lock, a hash probe and an `Arc` clone per call). For callers that issue many operations on a
+    /// pool they know, such as the lab's emulated guests. Operations through a handle on a destroyed
+    /// pool fail with [`CacheError::UnknownPool`], as they would by id.
+    pub fn pool_handle(&self, vm: VmId, pool: PoolId) -> Result<PoolHandle, CacheError> {
+        Ok(PoolHandle { shared: self.shared.clone(), pool: self.shared.pool(vm, pool)? })
+    }
+
+    /// Looks a page up. On a hit copies it into `out` and returns true; in an exclusive pool the page is
+    /// removed from the cache.
+    pub fn get(&self, vm: VmId, pool: PoolId, key: Key, out: &mut [u8]) -> Result<bool, CacheError> {
+        self.check_len(out.len())?;
+        let p = self.shared.pool(vm, pool)?;
+        Ok(self.shared.get_in(&p, key, out).is_some())
+    }
+
+    /// Stores several pages of one pool. Returns one outcome per page, in order.
+    pub fn put_batch(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        pages: &[(Key, &[u8])],
+    ) -> Result<Vec<PutOutcome>, CacheError> {
+        self.check_batch(pages.len())?;
+        for (_, d) in pages {
+            self.check_len(d.len())?;
+        }
+        let p = self.shared.pool(vm, pool)?;
+        pages.iter().map(|(k, d)| self.shared.put_in(&p, *k, d)).collect()
+    }
+
+    /// Looks several pages up; `out` holds `keys.len()` pages back to back. Returns which hit. SSD pages
+    /// of the batch are read together (one io_uring submission when available).
+    pub fn get_batch(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        keys: &[Key],
+        out: &mut [u8],
+    ) -> Result<Vec<bool>, CacheError> {
+        self.check_batch(keys.len())?;
+        if keys.is_empty() && out.is_empty() {
+            // An empty batch is valid (like an empty put batch); only the pool must exist.
+            self.shared.pool(vm, pool)?;
+            return Ok(Vec::new());
+        }
+        self.check_len(out.len() / keys.len().max(1))?;
+        if out.len() != keys.len() * self.shared.page_size {
+            return Err(CacheError::BadPageSize {
+                expected: keys.len() * self.shared.page_size,
+                got: out.len(),
+            });
+        }
+        let p = self.shared.pool(vm, pool)?;
+        Ok(self.shared.get_batch_in(&p, keys, out))
+    }
+
+    /// Invalidates one page. Returns whether a page was there.
+    pub fn flush_page(&self, vm: VmId, pool: PoolId, key: Key) -> Result<bool, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        let loc = {
+            let mut g = p.inner.lock();
+            let loc = g.take(key, Departure::Flush, |_| {}).map(|e| e.loc);
+            p.publish(&g);
+            loc
+        };
+        self.shared.release_remote(&p);
+        if let Some(l) = loc {
+            self.shared.free_locs(&[l]);
+        }
+        Ok(loc.is_some())
+    }
+
+    /// Invalidates every page of an object (a file). Returns how many pages were dropped.
+    pub fn flush_object(&self, vm: VmId, pool: PoolId, object: u64) -> Result<u64, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        let locs: Vec<Loc> = {
+            let mut g = p.inner.lock();
+            let ids = g.object_ids(object);
+            let locs = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
+            g.drop_remote_object(object);
+            p.publish(&g);
+            locs
+        };
+        self.shared.release_remote(&p);
+        self.shared.free_locs(&locs);
+        Ok(locs.len() as u64)
+    }
+
+    /// Moves an object's pages from one pool of a VM to another (MIGRATE_OBJECT), for files whose
+    /// owning container changed. Pages keep their tier; pages of the object the target already held are
+    /// flushed (the source's pages are the current ones). Returns how many pages moved.
+    pub fn migrate_object(&self, vm: VmId, from: PoolId, to: PoolId, object: u64) -> Result<u64, CacheError> {
+        let a = self.shared.pool(vm, from)?;
+        let b = self.shared.pool(vm, to)?;
+        if from == to {
+            return Ok(0);
+        }
+        if a.kind != b.kind {
+            return Err(CacheError::PoolKindMismatch(from, to));
+        }
+        // Lock order: increasing pool id.
+        let (mut ga, mut gb) = if from < to {
+            let ga = a.inner.lock();
+            (ga, b.inner.lock())
+        } else {
+            let gb = b.inner.lock();
+            (a.inner.lock(), gb)
+        };
+        if ga.dead || gb.dead {
+            return Err(CacheError::UnknownPool(if ga.dead { from } else { to }));
+        }
+        // The object now belongs to the target: its pages there are exactly the source's. Older pages the
+        // target held for the object are flushed first, so a page the source had already lost cannot be
+        // "revived" from the target's older copy.
+        let mut replaced: Vec<Loc> =
+            gb.object_ids(object).into_iter().map(|id| gb.remove(id, Departure::Flush).loc).collect();
+        // Remotified pages do not move: the target's are stale, the source's become misses.
+        gb.drop_remote_object(object);
+        ga.drop_remote_object(object);
+        let ids = ga.object_ids(object);
+        let moved = ids.len() as u64;
+        for id in ids {
+            let e = ga.remove(id, Departure::Moved);
+            ga.counters.migrations_out += 1;
+            if let Some(old) = gb.insert(e.key, e.loc, e.seq, Arrival::Moved) {
+                replaced.push(old);
+            }
+            gb.counters.migrations_in += 1;
+        }
+        a.publish(&ga);
+        b.publish(&gb);
+        drop(ga);
+        drop(gb);
+        self.shared.release_remote(&a);
+        self.shared.release_remote(&b);
+        self.shared.free_locs(&replaced);
+        Ok(moved)
+    }
+}
+
+/// One pool's data path, from [`Cache::pool_handle`]. Cheap to clone. Holding a handle keeps the pool's
+/// bookkeeping alive (not its pages: destroying the pool frees them and fails later calls).
+#[derive(Clone)]
+pub struct PoolHandle {
+    shared: Arc<Shared>,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for PoolHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolHandle").field("vm", &self.pool.vm).field("pool", &self.pool.id).finish()
+    }
+}
+
+impl PoolHandle {
+    pub fn id(&self) -> PoolId {
+        self.pool.id
+    }
+
+    pub fn vm(&self) -> VmId {
+        self.pool.vm
+    }
+
+    fn live(&self) -> Result<(), CacheError> {
+        // A destroy that races with an operation past this check is the same race as one between the
+        // pool-table lookup and the operation: a put fails under the pool lock, a get misses.
+        if self.pool.destroyed.load(Ordering::Acquire) {
+            return Err(CacheError::UnknownPool(self.pool.id));
+        }
+        Ok(())
+    }
+
+    /// [`Cache::put`] on this pool.
+    pub fn put(&self, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
+        self.shared.check_len(data.len())?;
+        self.live()?;
+        self.shared.put_in(&self.pool, key, data)
+    }
+
+    /// [`Cache::get`] on this pool, saying which tier held the page: `Some(tier)` on a hit (copied into
+    /// `out`; removed from an exclusive pool), `None` on a miss.
+    pub fn get(&self, key: Key, out: &mut [u8]) -> Result<Option<StoreKind>, CacheError> {
+        self.shared.check_len(out.len())?;
+        self.live()?;
+        Ok(self.shared.get_in(&self.pool, key, out))
+    }
+}
+
+impl Shared {
+    /// Which tier a put to this pool goes to, or `None` if it is not stored at all.
+    fn put_tier(&self, p: &Pool) -> Option<StoreKind> {
+        match p.spec.load() {
+            Spec::None => None,
+            Spec::Mem { .. } => Some(StoreKind::Mem),
+            Spec::Ssd { .. } => self.ssd.as_ref().map(|_| StoreKind::Ssd),
+            Spec::Hybrid { ssd_weight, .. } => {
+                // Memory while the pool's memory share allows (thesis 000, section 5.3.2).
+                if p.used(StoreKind::Mem) < p.entitlement(StoreKind::Mem)
+                    || ssd_weight == 0
+                    || self.ssd.is_none()
+                {
+                    Some(StoreKind::Mem)
+                } else {
+                    Some(StoreKind::Ssd)
+                }
+            }
+        }
+    }
+
+    fn put_in(&self, p: &Arc<Pool>, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
+        let Some(tier) = self.put_tier(p) else {
+            return Ok(self.refuse(p, key));
+        };
+        let stored = match tier {
+            StoreKind::Mem => self.store_in_memory(p, data),
+            StoreKind::Ssd => {
+                let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
+                // A failing disk (its last write failed) takes no new pages but probes: refused, not lost.
+                if !ssd.accepting() || !self.reserve(tier, p) {
+                    None
+                } else if let Some(slot) = ssd.alloc() {
+                    ssd.write(slot, data);
+                    Some((Loc::Ssd(slot), Saving::default()))
+                } else {
+                    self.stores[1].release(1);
+                    None
+                }
+            }
+        };
+        match stored {
+            Some((loc, saved)) => self.index_put(p, key, loc, tier, saved),
+            None => Ok(self.refuse(p, key)),
+        }
+    }
+
+    /// What a de-dup hit in `domain` saves the pool's statistics: the whole page in a VM's own domain;
+    /// nothing in a group's (counted in host scope instead: the match may be with another VM's page).
+    fn dedup_saving(&self, domain: u64) -> Saving {
+        let ps = self.page_size as u64;
+        if domain >= GROUP_DOMAINS {
+            self.group_dedup_hits.fetch_add(1, Ordering::Relaxed);
+            self.group_bytes_saved.fetch_add(ps, Ordering::Relaxed);
+            return Saving::default();
+        }
+        Saving { dedup_hit: true, bytes: ps }
+    }
+
+    /// Places a page's bytes in the memory store: shared with an equal page (de-duplication), in half a
+    /// frame (compression), or in a frame of its own. Returns the location and the bytes saved, or `None`
+    /// when there is no room.
+    fn store_in_memory(&self, p: &Pool, data: &[u8]) -> Option<(Loc, Saving)> {
+        let ps = self.page_size as u64;
+        // 1. An equal page already stored is shared instead of copied.
+        let content = match &self.dedup {
+            Some(idx) => {
+                let domain = p.dedup_domain.load(Ordering::Relaxed);
+                let hash = hash_page(data);
+                if let Lookup::Shared(f) = idx.lookup(&self.mem, domain, hash, data) {
+                    return Some((Loc::Mem(f), self.dedup_saving(domain)));
+                }
+                Some((idx, domain, hash))
+            }
+            None => None,
+        };
+        // 2. A page that compresses to half a frame or less goes into a half; others are stored raw.
+        let compressed = self
+            .compress
+            .then(|| lz4_flex::block::compress(data))
+            .filter(|c| c.len() <= self.mem.half_capacity());
+        let (mut place, saved) = match &compressed {
+            Some(c) => match self.mem.store_half(c) {
+                Some(h) => (h, ps / 2),
+                None => {
+                    let f = self.reserve_frame(p)?;
+                    (self.mem.store_half_in(f, c), ps / 2)
+                }
+            },
+            None => {
+                let f = self.reserve_frame(p)?;
+                self.mem.write(f, data);
+                (f, 0)
+            }
+        };
+        // 3. Register the new content; if an equal page arrived meanwhile, share that one instead.
+        if let Some((idx, domain, hash)) = content {
+            let used = idx.insert(&self.mem, domain, hash, place, data);
+            if used != place {
+                if self.mem.free(place) {
+                    self.stores[0].release(1);
+                }
+                place = used;
+                return Some((Loc::Mem(place), self.dedup_saving(domain)));
+            }
+        }
+        Some((Loc::Mem(place), Saving { dedup_hit: false, bytes: saved }))
+    }
+
+    /// Reserves and allocates one memory frame for a put into `p` (evicting if the store is full).
+    fn reserve_frame(&self, p: &Pool) -> Option<crate::store::mem::FrameId> {
+        if !self.reserve(StoreKind::Mem, p) {
+            return None;
+        }
+        let f = self.mem.alloc();
+        if f.is_none() {
+            self.stores[0].release(1);
+        }
+        f
+    }
+
+    /// Publishes a stored page in its pool (the last step of a put), then frees the page it replaced.
+    fn index_put(
+        &self,
+        p: &Arc<Pool>,
+        key: Key,
+        loc: Loc,
+        tier: StoreKind,
+        saved: Saving,
+    ) -> Result<PutOutcome, CacheError> {
+        let seq = self.next_seq();
+        let replaced = {
+            let mut g = p.inner.lock();
+            if g.dead {
+                drop(g);
+                self.free_locs(&[loc]);
+                return Err(CacheError::UnknownPool(p.id));
+            }
+            let r = g.insert_saving(key, loc, seq, Arrival::Put, saved);
+            p.publish(&g);
+            r
+        };
+        self.release_remote(p);
+        if let Some(old) = replaced {
+            self.free_locs(&[old]);
+        }
+        if tier == StoreKind::Mem && p.spec.load().is_hybrid() {
+            self.after_hybrid_put(p);
+        }
+        Ok(PutOutcome::Stored(tier))
+    }
+
+    /// A refused put still invalidates any older copy of the key: the guest has newer data, and the
+    /// cache must never return the old one.
+    fn refuse(&self, p: &Pool, key: Key) -> PutOutcome {
+        let loc = {
+            let mut g = p.inner.lock();
+            g.counters.puts_refused += 1;
+            let loc = g.take(key, Departure::Flush, |_| {}).map(|e| e.loc);
+            p.publish(&g);
+            loc
+        };
+        self.release_remote(p);
+        if let Some(l) = loc {
+            self.free_locs(&[l]);
+        }
+        PutOutcome::Refused
+    }
+
+    fn after_hybrid_put(&self, p: &Arc<Pool>) {
+        let high = self.high_watermark(p.entitlement(StoreKind::Mem));
+        if p.used(StoreKind::Mem) > high {
+            match self.maintenance {
+                Maintenance::Inline => {
+                    self.maintain_pool(p);
+                }
+                Maintenance::Background => self.wake_worker(),
+            }
+        }
+    }
+
+    /// A get; returns the tier that held the page, `None` on a miss.
+    fn get_in(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> Option<StoreKind> {
+        if p.exclusive_gets {
+            let taken = {
+                let mut g = p.inner.lock();
+                let r = g.take(key, Departure::ExclusiveGet, |l| self.prefetch(l)).map(|e| e.loc);
+                if r.is_none() {
+                    g.counters.gets_missed += 1;
+                }
+                p.publish(&g);
+                r
+            };
+            let loc = taken?;
+            let ok = self.read_owned(loc, out);
+            self.free_locs(&[loc]);
+            if !ok {
+                self.count_lost_page(p, loc.store());
+            }
+            return ok.then_some(loc.store());
+        }
+        self.get_shared(p, key, out)
+    }
+
+    /// Starts loading a memory page into the CPU caches (the copy follows shortly).
+    fn prefetch(&self, loc: Loc) {
+        if let Loc::Mem(f) = loc {
+            self.mem.prefetch(f);
+        }
+    }
+
+    /// Copies a location the caller owns (taken out of the index) into `out`.
+    fn read_owned(&self, loc: Loc, out: &mut [u8]) -> bool {
+        match loc {
+            Loc::Mem(f) => {
+                self.mem.read(f, out);
+                true
+            }
+            Loc::Ssd(s) => self.ssd.as_ref().is_some_and(|ssd| ssd.read(s, out).is_ok()),
+        }
+    }
+
+    /// An exclusive get whose SSD read failed: the page is gone, so re-count the hit as an eviction and
+    /// the get as a miss (the identity is unchanged: used did not move).
+    fn count_lost_page(&self, p: &Pool, store: StoreKind) {
+        let mut g = p.inner.lock();
+        let c = g.counters.store_mut(store);
+        c.gets_hit -= 1;
+        c.exclusive_gets -= 1;
+        c.evictions += 1;
+        g.counters.gets_missed += 1;
+        g.counters.pages_lost += 1;
+        p.publish(&g);
+    }
+
+    /// A non-exclusive get (persistent pools, inclusive pools): the page stays.
+    fn get_shared(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> Option<StoreKind> {
+        // SSD pages are read without the lock and validated afterwards; a concurrent replacement makes
+        // the read stale, so retry a few times, then report a miss (a cache may miss, never lie).
+        for _ in 0..8 {
+            let (slot, version) = {
+                let mut g = p.inner.lock();
+                let Some(id) = g.lookup(key) else {
+                    g.counters.gets_missed += 1;
+                    return None;
+                };
+                let e = g.entry(id);
+                match e.loc {
+                    Loc::Mem(f) => {
+                        self.mem.read(f, out);
+                        g.counters.mem.gets_hit += 1;
+                        g.touch(id);
+                        return Some(StoreKind::Mem);
+                    }
+                    Loc::Ssd(slot) => (slot, e.version),
+                }
+            };
+            let read_ok = self.ssd.as_ref().is_some_and(|ssd| ssd.read(slot, out).is_ok());
+            let mut g = p.inner.lock();
+            match g.lookup(key) {
+                Some(id) if g.entry(id).version == version && g.entry(id).loc == Loc::Ssd(slot) => {
+                    if read_ok {
+                        g.counters.ssd.gets_hit += 1;
+                        g.touch(id);
+                        return Some(StoreKind::Ssd);
+                    }
+                    // The entry is intact but its slot cannot be read: drop it.
+                    let e = g.remove(id, Departure::Evict);
+                    g.counters.gets_missed += 1;
+                    g.counters.pages_lost += 1;
+                    p.publish(&g);
+                    drop(g);
+                    self.free_locs(&[e.loc]);
+                    return None;
+                }
+                _ => continue,
+            }
+        }
+        p.inner.lock().counters.gets_missed += 1;
+        None
+    }
+
+    fn get_batch_in(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
+        let ps = self.page_size;
+        if !p.exclusive_gets {
+            return keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]).is_some())
+                .collect();
+        }
+        let mut hits = vec![false; keys.len()];
+        let mut taken: Vec<(usize, Loc)> = Vec::with_capacity(keys.len());
+        {
+            let mut g = p.inner.lock();
+            for (i, k) in keys.iter().enumerate() {
+                match g.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
+                    Some(e) => taken.push((i, e.loc)),
+                    None => g.counters.gets_missed += 1,
+                }
+            }
+            p.publish(&g);
+        }
+        let mut ssd_reqs: Vec<(usize, crate::store::ssd::SlotId)> = Vec::new();
+        let mut locs = Vec::with_capacity(taken.len());
+        for (i, loc) in taken {
+            match loc {
+                Loc::Mem(f) => {
+                    self.mem.read(f, &mut out[i * ps..(i + 1) * ps]);
+                    hits[i] = true;
+                }
+                Loc::Ssd(s) => ssd_reqs.push((i, s)),
+            }
+            locs.push(loc);
+        }
+        if let (false, Some(ssd)) = (ssd_reqs.is_empty(), self.ssd.as_ref()) {
+            // Split `out` into disjoint page slices for the batched read.
+            let mut slices: Vec<Option<&mut [u8]>> = out.chunks_mut(ps).map(Some).collect();
+            let mut reqs: Vec<(crate::store::ssd::SlotId, &mut [u8])> = ssd_reqs
+                .iter()
+                .map(|(i, s)| (*s, slices[*i].take().expect("each page index is requested once")))
+                .collect();
+            let results = ssd.read_batch(&mut reqs);
+            let mut lost = 0;
+            for ((i, _), r) in ssd_reqs.iter().zip(results) {
+                if r.is_ok() {
+                    hits[*i] = true;
+                } else {
+                    lost += 1;
+                }
+            }
+            for _ in 0..lost {
+                self.count_lost_page(p, StoreKind::Ssd);
+            }
+        }
+        self.free_locs(&locs);
+        hits
+    }
+}

@@ -1,0 +1,194 @@
+//! Eviction: reserving a page in a store and, when it is full, evicting one batch from the victim that
+//! Algorithm 1 chooses (VM first, then pool; `policy::victim`) or, in global mode, from the pool whose
+//! oldest page is the oldest of all.
+//!
+//! Lock order: the tree (read) -> the store's eviction lock -> one pool mutex at a time. The eviction lock
+//! serialises evictions from one store so that concurrent puts do not evict several batches for one page.
+//! Persistent pages are never evicted; a persistent pool may push others out only while its VM is under its
+//! entitlement. Evicted memory pages of the co-operative group are offered to the remote sink (`coop`)
+//! instead of being freed at once.
+
+use super::{Shared, Tree, NO_DOMAIN};
+use crate::policy::{select_victim, EntityUsage};
+use crate::pool::{Entry, Loc, Pool};
+use crate::types::{Mode, PoolId, PoolKind, StoreKind, VmId};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Shared {
+    /// Reserves one page in `store` for a put into `p`, evicting a batch when the store is full.
+    pub(super) fn reserve(&self, store: StoreKind, p: &Pool) -> bool {
+        let st = &self.stores[store.idx()];
+        if st.try_reserve(1) {
+            return true;
+        }
+        loop {
+            let tree = self.tree.read();
+            let _evicting = st.evict_lock.lock();
+            if st.try_reserve(1) {
+                return true;
+            }
+            if p.kind == PoolKind::Persistent {
+                // A persistent pool may fill free space, but may only push others out while its VM is
+                // under its entitlement: one VM cannot pin the whole store with swap pages.
+                let vm_used: u64 =
+                    tree.vms.get(&p.vm).map(|n| n.pools.values().map(|q| q.used(store)).sum()).unwrap_or(0);
+                let vm_ent = tree.vms.get(&p.vm).map(|n| n.entitlement[store.idx()]).unwrap_or(0);
+                if vm_used >= vm_ent {
+                    return false;
+                }
+            }
+            if self.evict_batch(&tree, store) == 0 {
+                return false;
+            }
+        }
+    }
+
+    /// Evicts one batch from `store`. Called with the tree read-locked and the store's eviction lock held.
+    /// Returns the number of pages evicted.
+    fn evict_batch(&self, tree: &Tree, store: StoreKind) -> u64 {
+        let (mode, batch) = {
+            let s = self.settings.read();
+            (s.mode, s.batch_pages)
+        };
+        match mode {
+            Mode::Partitioned => {
+                let Some(pool) = self.pick_victim(tree, store, batch) else { return 0 };
+                self.evict_from_pool(&pool, store, batch, None)
+            }
+            Mode::Global => self.evict_global(tree, store, batch),
+        }
+    }
+
+    /// Algorithm 1 twice: victim VM, then victim pool inside it.
+    fn pick_victim(&self, tree: &Tree, store: StoreKind, batch: u64) -> Option<Arc<Pool>> {
+        let vms: Vec<EntityUsage<VmId>> = tree
+            .vms
+            .iter()
+            .map(|(id, n)| EntityUsage {
+                id: *id,
+                used: n.pools.values().map(|p| p.used(store)).sum(),
+                entitlement: n.entitlement[store.idx()],
+                weight: n.weights.get(store),
+                evictable: n.pools.values().map(|p| p.evictable(store)).sum(),
+            })
+            .collect();
+        let vm = select_victim(&vms, batch)?;
+        let node = &tree.vms[&vm];
+        let pools: Vec<EntityUsage<PoolId>> = node
+            .pools
+            .iter()
+            .map(|(id, p)| EntityUsage {
+                id: *id,
+                used: p.used(store),
+                entitlement: p.entitlement(store),
+                weight: p.spec.load().weight(store),
+                evictable: p.evictable(store),
+            })
+            .collect();
+        let pool = select_victim(&pools, batch)?;
+        node.pools.get(&pool).cloned()
+    }
+
+    /// Global FIFO: repeatedly take pages from the pool whose oldest page is the oldest of all.
+    fn evict_global(&self, tree: &Tree, store: StoreKind, batch: u64) -> u64 {
+        let mut done = 0;
+        while done < batch {
+            let mut first: Option<(u64, &Arc<Pool>)> = None;
+            let mut second = u64::MAX;
+            for p in tree.vms.values().flat_map(|n| n.pools.values()) {
+                if p.evictable(store) == 0 {
+                    continue;
+                }
+                let Some(seq) = p.inner.lock().oldest_seq(store) else { continue };
+                match first {
+                    Some((f, _)) if seq >= f => second = second.min(seq),
+                    _ => {
+                        if let Some((f, _)) = first {
+                            second = second.min(f);
+                        }
+                        first = Some((seq, p));
+                    }
+                }
+            }
+            let Some((_, victim)) = first else { break };
+            let n = self.evict_from_pool(victim, store, batch - done, Some(second));
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        done
+    }
+
+    /// Evicts up to `n` pages of `store` from one pool (in the pool's order), stopping early at a page
+    /// younger than `until_seq` (global mode). Returns how many were evicted.
+    pub(super) fn evict_from_pool(
+        &self,
+        p: &Arc<Pool>,
+        store: StoreKind,
+        n: u64,
+        until_seq: Option<u64>,
+    ) -> u64 {
+        if p.kind == PoolKind::Persistent {
+            return 0;
+        }
+        let mut locs = Vec::new();
+        // Memory pages offered for remotification: (key, token, frame).
+        let mut offers = Vec::new();
+        // Only pages of the co-operative group are offered to peers (the rule of SPEC section 6 across
+        // hosts: content leaves a VM's domain only where the administrator said so).
+        let coop = self.coop_domain.load(Ordering::Relaxed);
+        let sink = self
+            .sink
+            .get()
+            .filter(|_| store == StoreKind::Mem && coop != NO_DOMAIN)
+            .filter(|_| p.dedup_domain.load(Ordering::Relaxed) == coop);
+        {
+            let mut g = p.inner.lock();
+            while ((locs.len() + offers.len()) as u64) < n {
+                if let Some(limit) = until_seq {
+                    let oldest = g.oldest_seq(store);
+                    // Always take at least one page so global eviction makes progress.
+                    if !(locs.is_empty() && offers.is_empty()) && oldest.is_none_or(|s| s > limit) {
+                        break;
+                    }
+                }
+                match g.pop_victim(store) {
+                    Some(Entry { loc: Loc::Mem(f), key, .. })
+                        if sink.is_some() && g.pending_remote < self.max_pending_per_pool =>
+                    {
+                        let token = self.remote_tokens.fetch_add(1, Ordering::Relaxed);
+                        g.set_pending(key, token);
+                        offers.push((key, token, f));
+                    }
+                    Some(Entry { loc, .. }) => locs.push(loc),
+                    None => break,
+                }
+            }
+            p.publish(&g);
+        }
+        self.release_remote(p);
+        let evicted = (locs.len() + offers.len()) as u64;
+        self.free_locs(&locs);
+        if let Some(sink) = sink {
+            self.offer_evicted(p, sink.as_ref(), offers);
+        }
+        evicted
+    }
+
+    /// Evicts until the store's reservation fits its capacity (after a shrink).
+    pub(super) fn shrink_to_capacity(&self, store: StoreKind) {
+        let st = &self.stores[store.idx()];
+        loop {
+            let tree = self.tree.read();
+            let _evicting = st.evict_lock.lock();
+            if st.reserved.load(Ordering::Relaxed) <= st.capacity.load(Ordering::Relaxed) {
+                return;
+            }
+            if self.evict_batch(&tree, store) == 0 {
+                return;
+            }
+        }
+    }
+}

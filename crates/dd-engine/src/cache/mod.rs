@@ -1,0 +1,447 @@
+//! The cache: the public API of the engine and everything that spans more than one pool.
+//!
+//! # Structure
+//! * The **tree** (host -> VMs -> pools) with weights, specs and entitlements sits behind one
+//!   `RwLock`; it changes only on control-plane calls and is read when a victim must be chosen.
+//! * **Pools** are found through a sharded table (`POOL_SHARDS` `RwLock`ed hash maps), so the data path
+//!   takes no lock shared by all pools: a put or get locks one table shard for reading (to clone the
+//!   pool's `Arc`) and then the pool's own mutex. A [`PoolHandle`] holds that `Arc` and skips the table.
+//! * Each **store** (memory, SSD) has a capacity and a reservation counter. A put reserves a page
+//!   before it allocates; when the reservation fails the store is full and the putting thread evicts one
+//!   batch from the victim chosen by Algorithm 1 (VM first, then pool), serialised by the store's
+//!   eviction lock so that concurrent puts do not evict several batches for one page.
+//!
+//! # Lock order
+//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool mutexes (increasing pool id)
+//! -> pool-table shards, memory-store free stacks and SSD-store internals (leaves). A thread never
+//! acquires a lock that comes earlier in this list while holding a later one.
+//!
+//! # Where the expensive work happens
+//! Page copies into fresh frames, SSD reads and writes, and freeing frames and slots all happen with no
+//! pool lock held: an operation takes a location out of (or puts it into) the index under the lock and
+//! does the rest outside. Two exceptions copy 4 KiB under the pool lock because the page stays indexed
+//! and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
+//!
+//! # Invariants
+//! * A page key is indexed in at most one tier of one pool (exclusive caching, and "each page in exactly
+//!   one tier" for hybrid pools).
+//! * A get returns the bytes of the latest put of that key that completed before it, or misses. Puts are
+//!   ordered by the pool lock; a page that left the index is never returned (optimistic SSD reads are
+//!   validated against the entry's version after the read).
+//! * `stores[s].reserved` = pages indexed in store `s` + pages in flight (reserved, not yet indexed or
+//!   freed). At quiescence it equals the sum of the pools' `used`.
+//! * Per pool and store the statistics identity holds whenever the pool lock is free.
+//!
+//! # Co-operative de-duplication
+//! With a [`RemoteSink`] installed, eviction of an unshared memory page leaves a pending record and
+//! offers the page's bytes to the sink; the daemon later installs a remote record or abandons it
+//! (`remote.rs`). The pin table (pins held for peers) is a leaf lock. The engine never waits for a
+//! peer: the sink's calls return at once, and fetching a remotified page is the daemon's business.
+//!
+//! # Files
+//! One concern per file, all of them `impl` blocks of [`Cache`] and of the shared state (`Shared`)
+//! defined here: `control` (the tree: VMs, pools, weights, capacities), `data` (puts, gets, flushes,
+//! migrations, [`PoolHandle`]), `evict` (reservations and Algorithm 1), `tiers` (hybrid maintenance:
+//! demotion and promotion), `coop` (co-operative de-duplication: remote records and pins), `stats`
+//! (statistics and invariant checks). The files call each other's methods only through `Shared` and
+//! `Cache` (methods used by a sibling are `pub(super)`); the types, constants and helpers they share
+//! live here.
+
+mod control;
+mod coop;
+mod data;
+mod evict;
+mod stats;
+mod tiers;
+
+pub use data::PoolHandle;
+
+use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
+use crate::error::CacheError;
+use crate::pool::{Hasher, Loc, Map, Pool, PoolInner, VmShare};
+use crate::remote::{RemoteRef, RemoteSink};
+use crate::stats::Counters;
+use crate::store::dedup::ContentIndex;
+use crate::store::mem::MemStore;
+use crate::store::ssd::{SsdOptions, SsdStore};
+use crate::types::{Mode, PoolId, StoreKind, VmId, VmWeights};
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tiers::maintenance_loop;
+
+const POOL_SHARDS: usize = 16;
+/// One shard of the pool table: pools by (VM, per-VM pool id).
+type PoolTable = Map<(VmId, PoolId), Arc<Pool>>;
+/// Sequence numbers a thread takes from the shared counter at once.
+const SEQ_BLOCK: u64 = 256;
+
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// (cache instance, next seq, end of block) of this thread's current sequence block.
+    static SEQ_CACHE: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
+}
+
+struct StoreState {
+    capacity: AtomicU64,
+    /// Written by every put and get: on its own cache line.
+    reserved: CachePadded<AtomicU64>,
+    evict_lock: Mutex<()>,
+}
+
+impl StoreState {
+    fn new(capacity: u64) -> Self {
+        StoreState {
+            capacity: AtomicU64::new(capacity),
+            reserved: CachePadded::new(AtomicU64::new(0)),
+            evict_lock: Mutex::new(()),
+        }
+    }
+
+    fn try_reserve(&self, n: u64) -> bool {
+        let cap = self.capacity.load(Ordering::Relaxed);
+        let mut cur = self.reserved.load(Ordering::Relaxed);
+        loop {
+            if cur + n > cap {
+                return false;
+            }
+            match self.reserved.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn release(&self, n: u64) {
+        let prev = self.reserved.fetch_sub(n, Ordering::AcqRel);
+        debug_assert!(prev >= n, "store reservation underflow");
+    }
+}
+
+struct VmNode {
+    weights: VmWeights,
+    pools: BTreeMap<PoolId, Arc<Pool>>,
+    /// Counters of destroyed pools, so aggregates keep the identity.
+    retired: Counters,
+    entitlement: [u64; 2],
+    /// Sum of the pool weights per store (a VM uses a store when this and its own weight are non-zero).
+    weight_sum: [u64; 2],
+    /// What the VM's pools read: its entitlement and `weight_sum` (see `pool::VmShare`).
+    share: Arc<VmShare>,
+    /// The next pool id of this VM: pool ids are numbered per VM (1, 2, ...), so they tell a VM nothing
+    /// about other VMs' pools, and are never reused within one registration.
+    next_pool: u32,
+    /// The VM's pool quota.
+    max_pools: usize,
+    /// The de-duplication group the host administrator put the VM in; `None` (the default): the VM's
+    /// pages are de-duplicated only among themselves (`store::dedup`, side channels).
+    dedup_group: Option<u32>,
+}
+
+#[derive(Default)]
+struct Tree {
+    vms: BTreeMap<VmId, VmNode>,
+    /// Counters of removed VMs.
+    retired: Counters,
+    pool_count: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    mode: Mode,
+    batch_pages: u64,
+    hybrid: HybridConfig,
+}
+
+struct Shared {
+    page_size: usize,
+    max_batch: usize,
+    max_pools: usize,
+    max_pools_per_vm: usize,
+    maintenance: Maintenance,
+    maintenance_interval: Duration,
+    settings: RwLock<Settings>,
+    mem: MemStore,
+    /// LZ4-compress memory pages into half frames (`mem.compression`).
+    compress: bool,
+    /// Content index when the memory store de-duplicates (`mem.dedup`).
+    dedup: Option<ContentIndex>,
+    ssd: Option<SsdStore>,
+    stores: [StoreState; 2],
+    /// Pools by (VM, per-VM pool id).
+    pools: [RwLock<PoolTable>; POOL_SHARDS],
+    tree: RwLock<Tree>,
+    /// Insertion sequence (global-mode FIFO order); threads take it in blocks, see [`Shared::next_seq`].
+    seq: CachePadded<AtomicU64>,
+    /// Distinguishes caches in the per-thread sequence-block cache.
+    instance: u64,
+    wake: (Mutex<bool>, Condvar),
+    shutdown: AtomicBool,
+    /// The daemon's remotifier, once installed (`remote.rs`).
+    sink: std::sync::OnceLock<Arc<dyn RemoteSink>>,
+    /// Tokens of pending remote records (never repeat within this cache).
+    remote_tokens: AtomicU64,
+    /// Pending records a pool may hold; beyond it evictions are plain.
+    max_pending_per_pool: usize,
+    /// The domain co-operative de-duplication shares ([`Cache::set_coop_group`]); `NO_DOMAIN`: none.
+    coop_domain: AtomicU64,
+    /// De-dup hits and bytes saved in group domains: counted in host scope only, so that no VM's own
+    /// statistics reveal a match with another VM's content.
+    group_dedup_hits: AtomicU64,
+    group_bytes_saved: AtomicU64,
+    /// Pins held for peers: pin number -> frame (a leaf lock).
+    pins: Mutex<Map<u64, crate::store::mem::FrameId>>,
+    next_pin: AtomicU64,
+    pins_granted: AtomicU64,
+}
+
+/// What a get found when co-operative de-duplication is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetOutcome {
+    Hit,
+    Miss,
+    /// Not held locally, but remotified: the caller fetches it from the peer, verifies its hash and
+    /// reports the result with [`Cache::record_remote_get`].
+    Remote(RemoteRef),
+}
+
+/// The DoubleDecker cache store. Cheap to share: wrap it in an `Arc` (it is `Send + Sync`).
+pub struct Cache {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("page_size", &self.shared.page_size).finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// Builds a cache from a validated configuration. Opens (and empties) the SSD store if configured and
+    /// starts the background worker unless maintenance is inline.
+    pub fn new(cfg: EngineConfig) -> Result<Cache, CacheError> {
+        Cache::with_ssd_faults(cfg, None)
+    }
+
+    /// [`Cache::new`] with an SSD store whose I/O fails as `faults` says (tests and fuzzing only:
+    /// `store::ssd::faults`). Without an SSD store in `cfg`, `faults` is unused.
+    pub fn with_ssd_faults(
+        cfg: EngineConfig,
+        faults: Option<Arc<crate::store::ssd::faults::FaultInjector>>,
+    ) -> Result<Cache, CacheError> {
+        cfg.validate()?;
+        let ps = cfg.page_size_bytes;
+        let mem_cap = cfg.pages(cfg.mem.capacity_bytes);
+        let mem_max = cfg.pages(cfg.mem.max_bytes());
+        let mem =
+            MemStore::new(ps, mem_max as u32, mem_cap as u32).map_err(|e| CacheError::Io(e.to_string()))?;
+        let (ssd, ssd_cap) = match &cfg.ssd {
+            Some(s) => {
+                let slots = cfg.pages(s.capacity_bytes);
+                let dir = if s.scratch { Some(s.path.as_path()) } else { s.path.parent() };
+                if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| CacheError::Io(format!("creating {}: {e}", dir.display())))?;
+                }
+                let store = SsdStore::open(SsdOptions {
+                    path: s.path.clone(),
+                    scratch: s.scratch,
+                    slots: slots as u32,
+                    page_size: ps,
+                    direct_io: s.direct_io,
+                    io_backend: s.io_backend,
+                    write_queue_pages: s.write_queue_pages,
+                    faults,
+                })?;
+                (Some(store), slots)
+            }
+            None => (None, 0),
+        };
+        let shared = Arc::new(Shared {
+            page_size: ps,
+            max_batch: cfg.max_batch_pages,
+            max_pools: cfg.max_pools,
+            max_pools_per_vm: cfg.max_pools_per_vm,
+            maintenance: cfg.maintenance,
+            maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
+            settings: RwLock::new(Settings {
+                mode: cfg.mode,
+                batch_pages: cfg.pages(cfg.eviction_batch_bytes),
+                hybrid: cfg.hybrid.clone(),
+            }),
+            dedup: cfg.mem.dedup.then(|| ContentIndex::new(mem_max as u32)),
+            compress: cfg.mem.compression == Compression::Lz4,
+            mem,
+            ssd,
+            stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
+            pools: std::array::from_fn(|_| RwLock::new(Map::with_hasher(Hasher::default()))),
+            tree: RwLock::new(Tree::default()),
+            seq: CachePadded::new(AtomicU64::new(1)),
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            wake: (Mutex::new(false), Condvar::new()),
+            shutdown: AtomicBool::new(false),
+            sink: std::sync::OnceLock::new(),
+            remote_tokens: AtomicU64::new(1),
+            max_pending_per_pool: 4096,
+            coop_domain: AtomicU64::new(NO_DOMAIN),
+            group_dedup_hits: AtomicU64::new(0),
+            group_bytes_saved: AtomicU64::new(0),
+            pins: Mutex::new(Map::with_hasher(Hasher::default())),
+            next_pin: AtomicU64::new(1),
+            pins_granted: AtomicU64::new(0),
+        });
+        let worker = match cfg.maintenance {
+            Maintenance::Inline => None,
+            Maintenance::Background => {
+                let weak = Arc::downgrade(&shared);
+                let handle = std::thread::Builder::new()
+                    .name("dd-maintenance".into())
+                    .spawn(move || maintenance_loop(weak))
+                    .map_err(|e| CacheError::Io(format!("spawning maintenance worker: {e}")))?;
+                Some(handle)
+            }
+        };
+        Ok(Cache { shared, worker: Mutex::new(worker) })
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.shared.page_size
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), CacheError> {
+        self.shared.check_len(len)
+    }
+
+    fn check_batch(&self, n: usize) -> Result<(), CacheError> {
+        if n > self.shared.max_batch {
+            return Err(CacheError::BatchTooLarge { limit: self.shared.max_batch, got: n });
+        }
+        Ok(())
+    }
+
+    fn after_reconfigure(&self) {
+        match self.shared.maintenance {
+            Maintenance::Inline => self.shared.maintain_all_until_idle(),
+            Maintenance::Background => self.shared.wake_worker(),
+        }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake_worker();
+        if let Some(h) = self.worker.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// First domain of the de-duplication groups (a VM's own domain is its id + 1, below it).
+const GROUP_DOMAINS: u64 = 1 << 33;
+/// No domain (co-operative de-duplication shares nothing).
+const NO_DOMAIN: u64 = u64::MAX;
+
+/// A VM's own domain is its id + 1; a group's is `GROUP_DOMAINS` + the group.
+fn dedup_domain(vm: VmId, group: Option<u32>) -> u64 {
+    match group {
+        None => vm.0 as u64 + 1,
+        Some(g) => GROUP_DOMAINS + g as u64,
+    }
+}
+
+fn shard_of(vm: VmId, id: PoolId) -> usize {
+    ((id.0 as usize) ^ (vm.0 as usize).rotate_left(16)).wrapping_mul(0x9E37_79B9) % POOL_SHARDS
+}
+
+impl Shared {
+    fn wake_worker(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock() = true;
+        cv.notify_one();
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), CacheError> {
+        if len != self.page_size {
+            return Err(CacheError::BadPageSize { expected: self.page_size, got: len });
+        }
+        Ok(())
+    }
+
+    /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
+    fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
+        match self.pools[shard_of(vm, pool)].read().get(&(vm, pool)) {
+            Some(p) => Ok(p.clone()),
+            None => Err(CacheError::UnknownPool(pool)),
+        }
+    }
+
+    fn free_locs(&self, locs: &[Loc]) {
+        let mut n = [0u64; 2];
+        for l in locs {
+            match *l {
+                Loc::Mem(f) => {
+                    if let Some(idx) = &self.dedup {
+                        if !idx.release(&self.mem, f) {
+                            continue; // still shared: no frame freed, no reservation released
+                        }
+                    }
+                    if !self.mem.free(f) {
+                        continue; // a half whose buddy still holds the frame
+                    }
+                }
+                Loc::Ssd(s) => {
+                    if let Some(ssd) = &self.ssd {
+                        ssd.free(s)
+                    }
+                }
+            }
+            n[l.store().idx()] += 1;
+        }
+        for s in StoreKind::ALL {
+            if n[s.idx()] > 0 {
+                self.stores[s.idx()].release(n[s.idx()]);
+            }
+        }
+    }
+
+    /// The next insertion sequence number. A thread takes `SEQ_BLOCK` numbers at a time from the shared
+    /// counter, so concurrent putters do not fight over one cache line: with one thread the order is
+    /// exact insertion order (the lab, the tests); across threads it is insertion order to within a
+    /// block, which is all "FIFO across concurrent putters" can mean anyway. With inline maintenance
+    /// (the deterministic setting) every number comes from the shared counter: a daemon handles one
+    /// connection's requests on whichever runtime thread is free, and the lab run against it must see
+    /// the exact insertion order the in-process engine gives.
+    fn next_seq(&self) -> u64 {
+        if self.maintenance == Maintenance::Inline {
+            return self.seq.fetch_add(1, Ordering::Relaxed);
+        }
+        SEQ_CACHE.with(|c| {
+            let (inst, next, end) = c.get();
+            if inst == self.instance && next < end {
+                c.set((inst, next + 1, end));
+                return next;
+            }
+            let start = self.seq.fetch_add(SEQ_BLOCK, Ordering::Relaxed);
+            c.set((self.instance, start + 1, start + SEQ_BLOCK));
+            start
+        })
+    }
+
+    fn store_available(&self, s: StoreKind) -> bool {
+        s == StoreKind::Mem || self.ssd.is_some()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Cache>();
+    is::<PoolInner>();
+}

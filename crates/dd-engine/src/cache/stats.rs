@@ -1,0 +1,182 @@
+//! Statistics (GET_STATS for a pool, a VM, the host) and the invariant check of the whole cache.
+//!
+//! Counters are read under each pool's lock in turn, so a snapshot is consistent per pool, not across
+//! pools. Effective entitlements (`policy::effective`) are computed from the tree on each call.
+//! `check_invariants` verifies every pool and that each store's reservation equals the pages indexed in it
+//! (frames in use and de-duplication references when pages share frames).
+
+use super::{Cache, Shared, Tree, VmNode};
+use crate::error::CacheError;
+use crate::policy::effective::{self, Effective, VmUse};
+use crate::pool::Pool;
+use crate::stats::{HostStats, PoolStats, StoreStatus, VmStats};
+use crate::types::{PoolId, StoreKind, VmId};
+use std::sync::atomic::Ordering;
+
+impl Cache {
+    // ------------------------------------------------------------------------------------------
+    // Statistics
+    // ------------------------------------------------------------------------------------------
+
+    pub fn pool_stats(&self, vm: VmId, pool: PoolId) -> Result<PoolStats, CacheError> {
+        let p = self.shared.pool(vm, pool)?;
+        let eff = self.shared.effective(&self.shared.tree.read());
+        Ok(self.shared.pool_stats(&p, &eff))
+    }
+
+    /// GET_STATS for a VM: its pools and totals (including destroyed pools).
+    pub fn vm_stats(&self, vm: VmId) -> Result<VmStats, CacheError> {
+        let tree = self.shared.tree.read();
+        let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
+        Ok(self.shared.vm_stats(vm, node, &self.shared.effective(&tree)))
+    }
+
+    pub fn host_stats(&self) -> HostStats {
+        let tree = self.shared.tree.read();
+        let settings = self.shared.settings.read().clone();
+        let eff = self.shared.effective(&tree);
+        let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n, &eff)).collect();
+        let mut totals = tree.retired;
+        for v in &vms {
+            totals.add(&v.totals);
+        }
+        for s in StoreKind::ALL {
+            totals.store_mut(s).entitlement = self.capacity_pages(s);
+            totals.store_mut(s).effective_entitlement = self.capacity_pages(s);
+        }
+        HostStats {
+            page_size: self.shared.page_size,
+            mode: settings.mode,
+            eviction_batch_pages: settings.batch_pages,
+            stores: StoreKind::ALL
+                .iter()
+                .map(|&s| StoreStatus {
+                    kind: s,
+                    configured: s == StoreKind::Mem || self.shared.ssd.is_some(),
+                    capacity_pages: self.capacity_pages(s),
+                    used_pages: self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed),
+                })
+                .collect(),
+            vms,
+            totals,
+            pins_held: self.pins_held(),
+            remote_dedups: self.shared.pins_granted.load(Ordering::Relaxed),
+            group_dedup_hits: self.shared.group_dedup_hits.load(Ordering::Relaxed),
+            group_bytes_saved: self.shared.group_bytes_saved.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The SSD store's I/O counters, if there is one.
+    pub fn ssd_io_stats(&self) -> Option<crate::store::ssd::SsdIoStats> {
+        self.shared.ssd.as_ref().map(|s| s.io_stats())
+    }
+
+    /// Verifies every pool's invariants and the store reservations (tests; takes every lock in turn).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tree = self.shared.tree.read();
+        let mut per_store = [0u64; 2];
+        for node in tree.vms.values() {
+            for p in node.pools.values() {
+                let g = p.inner.lock();
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.check()))
+                    .map_err(|_| format!("pool {} failed its invariant check", p.id))?;
+                for s in StoreKind::ALL {
+                    per_store[s.idx()] += g.counters.store(s).used;
+                }
+            }
+        }
+        for s in StoreKind::ALL {
+            let reserved = self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed);
+            if s == StoreKind::Mem && (self.shared.dedup.is_some() || self.shared.compress) {
+                // Reservations count whole frames; pools count pages, which may share a frame (equal
+                // content) or half of one (compressed).
+                let frames = self.shared.mem.frames_in_use();
+                if reserved != frames {
+                    return Err(format!("mem: reserved {reserved} != frames in use {frames}"));
+                }
+                if let Some(idx) = &self.shared.dedup {
+                    let pins = self.shared.pins.lock().len() as u64;
+                    if idx.references() != per_store[0] + pins {
+                        return Err(format!(
+                            "dedup: {} references != {} pages indexed + {pins} pins",
+                            idx.references(),
+                            per_store[0]
+                        ));
+                    }
+                }
+                continue;
+            }
+            if reserved != per_store[s.idx()] {
+                return Err(format!(
+                    "store {s}: reserved {reserved} != pages indexed {}",
+                    per_store[s.idx()]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    // --------------------------------------------------------------------------------------------
+    // Statistics
+    // --------------------------------------------------------------------------------------------
+
+    /// Effective entitlements of every VM and pool, per store (`policy::effective`), from the tree's
+    /// use and static entitlements now. Called with the tree locked (read); O(pools).
+    fn effective(&self, tree: &Tree) -> [Effective; 2] {
+        let batch = self.settings.read().batch_pages;
+        StoreKind::ALL.map(|s| {
+            let vms: Vec<VmUse> = tree
+                .vms
+                .iter()
+                .map(|(id, n)| VmUse {
+                    vm: *id,
+                    weight: n.weights.get(s) as u64,
+                    entitlement: n.entitlement[s.idx()],
+                    pools: n
+                        .pools
+                        .iter()
+                        .map(|(pid, p)| {
+                            let spec = p.spec.load();
+                            let w = if spec.uses(s) { spec.weight(s) as u64 } else { 0 };
+                            (*pid, w, p.used(s))
+                        })
+                        .collect(),
+                })
+                .collect();
+            effective::compute(&vms, batch)
+        })
+    }
+
+    fn pool_stats(&self, p: &Pool, eff: &[Effective; 2]) -> PoolStats {
+        let mut counters = p.inner.lock().counters;
+        for s in StoreKind::ALL {
+            counters.store_mut(s).entitlement = p.entitlement(s);
+            counters.store_mut(s).effective_entitlement =
+                eff[s.idx()].pool.get(&(p.vm, p.id)).copied().unwrap_or(0);
+        }
+        PoolStats {
+            pool: p.id,
+            vm: p.vm,
+            kind: p.kind,
+            spec: p.spec.load(),
+            order: p.order,
+            exclusive_gets: p.exclusive_gets,
+            counters,
+        }
+    }
+
+    fn vm_stats(&self, vm: VmId, node: &VmNode, eff: &[Effective; 2]) -> VmStats {
+        let pools: Vec<PoolStats> = node.pools.values().map(|p| self.pool_stats(p, eff)).collect();
+        let mut totals = node.retired;
+        for p in &pools {
+            totals.add(&p.counters);
+        }
+        for s in StoreKind::ALL {
+            totals.store_mut(s).entitlement = node.entitlement[s.idx()];
+            totals.store_mut(s).effective_entitlement = eff[s.idx()].vm.get(&vm).copied().unwrap_or(0);
+        }
+        VmStats { vm, weights: node.weights, pools, totals, pools_omitted: 0 }
+    }
+}
