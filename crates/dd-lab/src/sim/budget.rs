@@ -116,27 +116,8 @@ fn workload_bytes(w: &Workload) -> u64 {
             (numactivevids + numpassivevids) * FILE_BYTES
         }
         Workload::Kv { dataset_mib, .. } => mib_pages(*dataset_mib) * ANON_BYTES_PER_PAGE,
-        Workload::Ycsb {
-            store,
-            workload,
-            record_count,
-            record_kib,
-            target_ops_s,
-            buffer_pool_mib,
-            page_kib,
-            preload,
-            ..
-        } => {
-            let st = crate::model::kvstore::Store::new(&crate::model::kvstore::StoreConfig {
-                kind: *store,
-                workload: *workload,
-                record_count: *record_count,
-                record_kib: *record_kib,
-                target_ops_s: *target_ops_s,
-                buffer_pool_mib: *buffer_pool_mib,
-                page_kib: *page_kib,
-                preload: *preload,
-            });
+        Workload::Ycsb { store, .. } => {
+            let st = crate::model::kvstore::Store::of_workload(w).expect("a ycsb workload runs a store");
             // The records' pages (Redis's heap, the data file's objects) and MySQL's buffer pool.
             let pool =
                 if *store == crate::model::kvstore::StoreKind::Mysql { st.heap_pages() as u64 } else { 0 };

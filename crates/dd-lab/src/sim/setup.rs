@@ -4,7 +4,7 @@
 
 use super::{ns, Anon, Ct, CtTotals, Kind, Sim, NS};
 use crate::error::LabError;
-use crate::model::kvstore::{Store, StoreConfig, StoreKind as Db};
+use crate::model::kvstore::{Store, StoreKind as Db};
 use crate::model::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Trace};
 use crate::scenario::{mib_pages, Container, Workload};
 use crate::sim::backend::SecondChance;
@@ -102,27 +102,8 @@ impl<B: SecondChance> Sim<B> {
                 anon = Some(Anon { object: first, ver: vec![0; pages], swapped: vec![false; pages] });
                 Kind::Kv { pages: pages as u32, write_fraction: *write_fraction }
             }
-            Workload::Ycsb {
-                store: sk,
-                workload,
-                record_count,
-                record_kib,
-                target_ops_s,
-                buffer_pool_mib,
-                page_kib,
-                preload,
-                ..
-            } => {
-                let st = Store::new(&StoreConfig {
-                    kind: *sk,
-                    workload: *workload,
-                    record_count: *record_count,
-                    record_kib: *record_kib,
-                    target_ops_s: *target_ops_s,
-                    buffer_pool_mib: *buffer_pool_mib,
-                    page_kib: *page_kib,
-                    preload: *preload,
-                });
+            Workload::Ycsb { store: sk, preload, .. } => {
+                let st = Store::of_workload(&c.workload).expect("a ycsb workload runs a store");
                 // The heap (object `first`) and then the data file, as the store has them.
                 if matches!(sk, Db::Redis | Db::Mysql) {
                     let n = st.heap_pages();

@@ -30,7 +30,7 @@ pub mod innodb;
 
 use crate::model::ycsb::{Op, Ycsb, YcsbWorkload};
 pub use crate::scenario::StoreKind;
-use crate::scenario::PAGE;
+use crate::scenario::{Workload, PAGE};
 use innodb::{BufferPool, Step};
 use rand_chacha::ChaCha8Rng;
 
@@ -106,6 +106,36 @@ pub struct Store {
 }
 
 impl Store {
+    /// The store a scenario's `ycsb` workload runs, `None` for the other workloads: the one place that
+    /// turns a workload's settings into a store, so that the run (`sim::setup`) and its memory budget
+    /// (`sim::budget`) size the same store.
+    pub fn of_workload(w: &Workload) -> Option<Store> {
+        let Workload::Ycsb {
+            store,
+            workload,
+            record_count,
+            record_kib,
+            target_ops_s,
+            buffer_pool_mib,
+            page_kib,
+            preload,
+            ..
+        } = w
+        else {
+            return None;
+        };
+        Some(Store::new(&StoreConfig {
+            kind: *store,
+            workload: *workload,
+            record_count: *record_count,
+            record_kib: *record_kib,
+            target_ops_s: *target_ops_s,
+            buffer_pool_mib: *buffer_pool_mib,
+            page_kib: *page_kib,
+            preload: *preload,
+        }))
+    }
+
     pub fn new(cfg: &StoreConfig) -> Store {
         let record_count = cfg.record_count;
         let record_bytes = ((cfg.record_kib * 1024.0).round() as u64).max(1);
