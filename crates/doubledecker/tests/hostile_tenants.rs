@@ -149,9 +149,9 @@ fn regression_no_handshake_or_idle_deadline_no_per_vm_cap() {
             other => panic!("B's HELLO after its sessions closed: {other:?}"),
         }
     };
-    let t = Instant::now();
+    // `closed` waits for the daemon to close it up to the connection's read time-out (20 s, ten times
+    // the idle time-out): a bound on waiting, not a timing assertion.
     assert!(raw::closed(&mut s), "an idle session was never closed");
-    assert!(t.elapsed() < Duration::from_secs(20));
 }
 
 /// Defect 5: with many pools, VM_STATS answered far more than `max_payload` (40 MB against 2 MiB).

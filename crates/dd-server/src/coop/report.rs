@@ -6,7 +6,7 @@ use super::Coop;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Counters of co-operative de-duplication (also in `/metrics` and `GET /v1/host/coop`).
 #[derive(Debug, Default)]
@@ -128,6 +128,9 @@ pub struct PeerReport {
     pub summary_age_ms: Option<u64>,
     /// Pins this daemon holds for it.
     pub pins_held_for: u64,
+    /// Milliseconds left of its back-off after a failed request (no request goes to it until then; a
+    /// publication ends the back-off early); 0 when it is not backed off.
+    pub backoff_ms: u64,
 }
 
 impl Coop {
@@ -146,6 +149,10 @@ impl Coop {
                 active: p.active.load(Ordering::Relaxed),
                 summary_age_ms: p.summary.read().as_ref().map(|s| s.received.elapsed().as_millis() as u64),
                 pins_held_for: owners.get(&p.name).map_or(0, |o| o.pins.len() as u64),
+                backoff_ms: p
+                    .down_until
+                    .lock()
+                    .map_or(0, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64),
             })
             .collect();
         CoopReport {

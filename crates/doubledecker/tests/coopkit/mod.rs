@@ -301,6 +301,28 @@ pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Milliseconds left of `d`'s back-off on peer `name` (the admin report's `backoff_ms`).
+pub fn peer_backoff_ms(d: &Daemon, name: &str) -> u64 {
+    let c = coop(d);
+    let peer = c["peers"].as_array().unwrap().iter().find(|p| p["name"] == name);
+    n(peer.unwrap_or_else(|| panic!("no peer {name} in {c}")), "backoff_ms")
+}
+
+/// Runs `f` on a thread of its own and waits for it to return, within a generous deadline: for calls
+/// that must end on their own (a peer's time-out turning into a miss) but whose duration a loaded
+/// machine stretches. The deadline bounds the waiting; it does not time the calls.
+pub fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what} did not finish within 120 s"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
 /// Speaks the peer protocol by hand: one request, one response (status, payload).
 pub fn peer_call(
     s: &mut std::net::TcpStream,
