@@ -1,254 +1,25 @@
-//! The FUSE side: inode numbers, file handles and the mapping of FUSE requests onto the backing
-//! directory and the [`Frontend`].
+//! The FUSE request handlers: the [`Filesystem`] implementation, one method per request, each mapping it
+//! onto the backing directory (paths through the inode table) and, for file data, onto the frontend of
+//! the caller's container.
 //!
-//! Owns: the inode table (FUSE inode -> path relative to the backing directory; one FUSE inode per
-//! backing `(device, inode)`), open file handles (backing `File`, its [`Object`], the opener's
-//! container) and directory listings of open directories.
-//!
-//! Every open file is opened `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of its own for
-//! `read`/`write`: the first-level caches of the frontend are the containers' page caches, and every read
-//! reaches them. Mappings are allowed (`FUSE_DIRECT_IO_ALLOW_MMAP`, Linux 6.6+): a mapped file's pages
-//! live in the kernel's page cache, faulted in through the frontend and written back through it; how
-//! they stay coherent is argued in `frontend.rs` ("Shared mappings"). Extended attributes and special
-//! nodes pass through to the backing directory (`passthrough`); ioctls are answered `ENOTTY`, quietly.
-//! Attributes and entries are given a zero TTL, so the kernel asks again each time and sizes changed by
-//! other processes or behind the mount's back are seen at once.
-//!
-//! Invariants: the root is FUSE inode 1 and the empty relative path; a rename updates the paths of the
-//! renamed entry and of everything below it; the inode table and handle tables are leaf locks (no I/O
-//! under them except `read_dir` of an `opendir`, which holds only the directory table's lock for the
-//! insert). Inodes are never forgotten during a mount (a few dozen bytes per file seen).
+//! Invariants: the ones of `fs` (its module docs): the inode and handle tables are leaf locks, taken by
+//! its helpers; errors of the backing file system reach the caller as their errno; entries and
+//! attributes carry a zero TTL.
 
-use crate::config::FuseConfig;
-use crate::frontend::{Container, ContainerStats, Frontend, FrontendError, Object};
-use crate::passthrough::{self, KernelCache, Xattr};
+use super::{attr, errno, kind_of, DdFs, ROOT, TTL};
+use crate::passthrough::{self, Xattr};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, MountOption, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL,
-    TimeOrNow, WriteFlags,
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-const TTL: Duration = Duration::ZERO;
-const ROOT: u64 = 1;
-
-/// Errors of mounting.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FuseError {
-    #[error("{0}")]
-    Frontend(#[from] FrontendError),
-    #[error("backing directory {path}: {source}")]
-    Backing { path: PathBuf, source: std::io::Error },
-    #[error("mounting on {path}: {source}")]
-    Mount { path: PathBuf, source: std::io::Error },
-    #[error("serving the mount: {0}")]
-    Session(std::io::Error),
-}
-
-struct Inodes {
-    paths: HashMap<u64, PathBuf>,
-    by_backing: HashMap<(u64, u64), u64>,
-    next: u64,
-}
-
-/// An open directory's entries: (FUSE inode, type, name), `.` and `..` first.
-type Listing = Arc<Vec<(u64, FileType, std::ffi::OsString)>>;
-
-struct Handle {
-    file: File,
-    obj: Arc<Object>,
-    append: bool,
-    opener: Arc<Container>,
-}
-
-/// The filesystem served on the mount point.
-pub struct DdFs {
-    backing: PathBuf,
-    fe: Arc<Frontend>,
-    /// Shared with the frontend's change hook, which maps backing files to FUSE inodes.
-    inodes: Arc<RwLock<Inodes>>,
-    /// Set once the session exists (its notifier is what sends invalidations).
-    kernel: Arc<std::sync::OnceLock<KernelCache>>,
-    handles: RwLock<HashMap<u64, Arc<Handle>>>,
-    dirs: Mutex<HashMap<u64, Listing>>,
-    next_fh: AtomicU64,
-}
-
-fn errno(e: &std::io::Error) -> Errno {
-    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
-}
-
-fn kind_of(m: &Metadata) -> FileType {
-    FileType::from_std(m.file_type()).unwrap_or(FileType::RegularFile)
-}
-
-fn attr(ino: u64, m: &Metadata) -> FileAttr {
-    let t = |s: i64, n: i64| {
-        if s >= 0 {
-            UNIX_EPOCH + Duration::new(s as u64, n as u32)
-        } else {
-            UNIX_EPOCH
-        }
-    };
-    FileAttr {
-        ino: INodeNo(ino),
-        size: m.size(),
-        blocks: m.blocks(),
-        atime: t(m.atime(), m.atime_nsec()),
-        mtime: t(m.mtime(), m.mtime_nsec()),
-        ctime: t(m.ctime(), m.ctime_nsec()),
-        crtime: UNIX_EPOCH,
-        kind: kind_of(m),
-        perm: (m.mode() & 0o7777) as u16,
-        nlink: m.nlink() as u32,
-        uid: m.uid(),
-        gid: m.gid(),
-        rdev: m.rdev() as u32,
-        blksize: 4096,
-        flags: 0,
-    }
-}
-
-impl DdFs {
-    pub fn new(backing: PathBuf, fe: Arc<Frontend>) -> DdFs {
-        let mut paths = HashMap::new();
-        paths.insert(ROOT, PathBuf::new());
-        DdFs {
-            backing,
-            fe,
-            inodes: Arc::new(RwLock::new(Inodes { paths, by_backing: HashMap::new(), next: ROOT + 1 })),
-            kernel: Arc::new(std::sync::OnceLock::new()),
-            handles: RwLock::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
-        }
-    }
-
-    fn rel(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
-        self.inodes.read().paths.get(&ino.0).cloned().ok_or(Errno::ENOENT)
-    }
-
-    fn full(&self, rel: &Path) -> PathBuf {
-        self.backing.join(rel)
-    }
-
-    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
-        Ok(self.rel(parent)?.join(name))
-    }
-
-    /// The FUSE inode of a backing file (allocated on first sight), and its path is `rel` from now on.
-    fn intern(&self, rel: &Path, m: &Metadata) -> u64 {
-        if rel.as_os_str().is_empty() {
-            return ROOT;
-        }
-        let mut t = self.inodes.write();
-        let key = (m.dev(), m.ino());
-        let ino = match t.by_backing.get(&key) {
-            Some(&i) => i,
-            None => {
-                let i = t.next;
-                t.next += 1;
-                t.by_backing.insert(key, i);
-                i
-            }
-        };
-        t.paths.insert(ino, rel.to_path_buf());
-        ino
-    }
-
-    fn entry_of(&self, rel: &Path) -> Result<FileAttr, Errno> {
-        let m = std::fs::symlink_metadata(self.full(rel)).map_err(|e| errno(&e))?;
-        Ok(attr(self.intern(rel, &m), &m))
-    }
-
-    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
-        self.handles.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
-    }
-
-    fn add_handle(&self, file: File, flags: i32, opener: Arc<Container>) -> Result<u64, Errno> {
-        let m = file.metadata().map_err(|e| errno(&e))?;
-        let obj = self.fe.object(m.ino());
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let h = Handle { file, obj, append: flags & libc::O_APPEND != 0, opener };
-        self.handles.write().insert(fh, Arc::new(h));
-        Ok(fh)
-    }
-
-    fn open_options(flags: i32) -> OpenOptions {
-        let mut o = OpenOptions::new();
-        match OpenFlags(flags).acc_mode() {
-            OpenAccMode::O_RDONLY => o.read(true),
-            OpenAccMode::O_WRONLY => o.write(true),
-            OpenAccMode::O_RDWR => o.read(true).write(true),
-        };
-        // O_APPEND is kept on the backing file so concurrent appenders through the mount land at the end.
-        o.append(flags & libc::O_APPEND != 0);
-        o
-    }
-
-    fn chown_to_caller(path: &Path, req: &Request) {
-        if req.uid() != 0 {
-            if let Err(e) = std::os::unix::fs::lchown(path, Some(req.uid()), Some(req.gid())) {
-                tracing::warn!("chown {}: {e}", path.display());
-            }
-        }
-    }
-
-    /// Drops and flushes a regular file's cached pages around `f` (which removes or replaces it).
-    fn with_file_invalidated<T>(
-        &self,
-        path: &Path,
-        f: impl FnOnce() -> std::io::Result<T>,
-    ) -> std::io::Result<T> {
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.is_file() => {
-                let obj = self.fe.object(m.ino());
-                self.fe.change_whole(&obj, f)
-            }
-            _ => f(),
-        }
-    }
-
-    fn set_times(path: &Path, atime: Option<TimeOrNow>, mtime: Option<TimeOrNow>) -> std::io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let ts = |t: Option<TimeOrNow>| match t {
-            None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-            Some(TimeOrNow::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
-            Some(TimeOrNow::SpecificTime(t)) => {
-                let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-                libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as _ }
-            }
-        };
-        let times = [ts(atime), ts(mtime)];
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-        // SAFETY: c is a NUL-terminated path and times an array of two timespecs, both outliving the call.
-        let rc =
-            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
-
-    fn container_of(&self, req: &Request, h: Option<&Handle>) -> Arc<Container> {
-        // Requests the kernel makes on its own behalf carry no pid: charge the opener.
-        match (req.pid(), h) {
-            (0, Some(h)) => h.opener.clone(),
-            (pid, _) => self.fe.container_for_pid(pid),
-        }
-    }
-}
+use std::time::SystemTime;
 
 impl Filesystem for DdFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -409,11 +180,7 @@ impl Filesystem for DdFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.child(parent, name).map(|rel| std::fs::remove_dir(self.full(&rel))) {
-            Ok(Ok(())) => reply.ok(),
-            Ok(Err(e)) => reply.error(errno(&e)),
-            Err(e) => reply.error(e),
-        }
+        empty_reply(self.child(parent, name).map(|rel| std::fs::remove_dir(self.full(&rel))), reply)
     }
 
     fn rename(
@@ -588,11 +355,7 @@ impl Filesystem for DdFs {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let r = self.handle(fh).map(|h| if datasync { h.file.sync_data() } else { h.file.sync_all() });
-        match r {
-            Ok(Ok(())) => reply.ok(),
-            Ok(Err(e)) => reply.error(errno(&e)),
-            Err(e) => reply.error(e),
-        }
+        empty_reply(r, reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -642,11 +405,7 @@ impl Filesystem for DdFs {
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         // sqlite3 fsyncs the directory after creating its journal: make the entry durable in the backing.
         let r = self.rel(ino).map(|rel| File::open(self.full(&rel)).and_then(|d| d.sync_all()));
-        match r {
-            Ok(Ok(())) => reply.ok(),
-            Ok(Err(e)) => reply.error(errno(&e)),
-            Err(e) => reply.error(e),
-        }
+        empty_reply(r, reply)
     }
 
     fn releasedir(
@@ -754,100 +513,20 @@ impl Filesystem for DdFs {
     }
 }
 
+/// Answers a request that returns nothing: a missing inode or handle (`Err`) or the backing call's
+/// result.
+fn empty_reply(r: Result<std::io::Result<()>, Errno>, reply: ReplyEmpty) {
+    match r {
+        Ok(Ok(())) => reply.ok(),
+        Ok(Err(e)) => reply.error(errno(&e)),
+        Err(e) => reply.error(e),
+    }
+}
+
 fn xattr_reply(r: Result<Xattr, Errno>, reply: fuser::ReplyXattr) {
     match r {
         Ok(Xattr::Size(n)) => reply.size(n),
         Ok(Xattr::Data(d)) => reply.data(&d),
         Err(e) => reply.error(e),
-    }
-}
-
-/// A mounted filesystem, not yet serving.
-pub struct Mount {
-    session: fuser::Session<DdFs>,
-    fe: Arc<Frontend>,
-    mountpoint: PathBuf,
-    /// Publishes the sampled curves and applies budgets while the mount serves (`[sampling]`).
-    publisher: Option<crate::publish::Publisher>,
-}
-
-/// Unmounts from another thread (a signal handler thread); [`Mount::run`] then returns.
-pub struct Unmounter {
-    session: fuser::SessionUnmounter,
-    mountpoint: PathBuf,
-}
-
-impl Unmounter {
-    /// Unmounts; if the mount is busy (a process has a file open or its working directory inside), it
-    /// is detached instead (`MNT_DETACH`): gone from the namespace at once, served until the last open
-    /// file is closed, then the session ends. Either way nothing stays mounted.
-    pub fn unmount(&mut self) -> std::io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let Err(e) = self.session.unmount() else { return Ok(()) };
-        tracing::warn!("unmounting {}: {e}; detaching it", self.mountpoint.display());
-        let c =
-            std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-        // SAFETY: c is a NUL-terminated path that outlives the call.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
-}
-
-impl Mount {
-    /// Connects to the daemon (if configured) and mounts `backing` on `mountpoint`.
-    pub fn new(cfg: FuseConfig, backing: &Path, mountpoint: &Path) -> Result<Mount, FuseError> {
-        let backing =
-            backing.canonicalize().map_err(|source| FuseError::Backing { path: backing.into(), source })?;
-        if !backing.is_dir() {
-            let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory");
-            return Err(FuseError::Backing { path: backing, source });
-        }
-        let threads = cfg.threads;
-        let sampling = cfg.sampling.clone();
-        let fe = Arc::new(Frontend::new(cfg)?);
-        let mut options = fuser::Config::default();
-        options.mount_options = vec![
-            MountOption::FSName(format!("doubledecker:{}", backing.display())),
-            MountOption::Subtype("doubledecker".into()),
-            // The kernel checks permissions against the caller: the server itself acts as its own user.
-            MountOption::DefaultPermissions,
-        ];
-        // Containers run as any user: everyone may use the mount (permission bits still apply).
-        options.acl = SessionACL::All;
-        options.n_threads = Some(threads);
-        let backing_dev = std::fs::metadata(&backing).map(|m| m.dev()).unwrap_or(0);
-        let fs = DdFs::new(backing, fe.clone());
-        let (inodes, kernel) = (fs.inodes.clone(), fs.kernel.clone());
-        let session = fuser::Session::new(fs, mountpoint, &options)
-            .map_err(|source| FuseError::Mount { path: mountpoint.into(), source })?;
-        let kc = KernelCache::start(session.notifier());
-        let _ = kernel.set(kc.clone());
-        // A backing file changed behind the mount: drop the kernel's pages of its FUSE inode (files on
-        // another device below the backing directory are not mapped back; see `frontend.rs`).
-        fe.on_change(Box::new(move |object, offset, len| {
-            let ino = inodes.read().by_backing.get(&(backing_dev, object)).copied();
-            if let Some(ino) = ino {
-                kc.invalidate(ino, offset, len);
-            }
-        }));
-        let mountpoint = mountpoint.canonicalize().unwrap_or_else(|_| mountpoint.to_path_buf());
-        let publisher = crate::publish::Publisher::start(&sampling, fe.clone());
-        Ok(Mount { session, fe, mountpoint, publisher })
-    }
-
-    pub fn unmounter(&mut self) -> Unmounter {
-        Unmounter { session: self.session.unmount_callable(), mountpoint: self.mountpoint.clone() }
-    }
-
-    /// Serves requests until the filesystem is unmounted; returns the containers' counters.
-    pub fn run(mut self) -> Result<Vec<ContainerStats>, FuseError> {
-        let served = self.session.run().map_err(FuseError::Session);
-        // Nothing is published or applied after the mount is gone.
-        drop(self.publisher.take());
-        served?;
-        Ok(self.fe.stats())
     }
 }
