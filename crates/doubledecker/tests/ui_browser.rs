@@ -4,8 +4,9 @@
 //! token only that VM appears; VM 2's guest provisioner (the real `doubledecker guest provision`, one
 //! round over what a mount would publish) reports its targets and decisions, which the page shows for
 //! VM 2 and only to those who may see VM 2; with the daemon gone while the page is open (a proxy that
-//! starts dropping the API's requests) the page says it is unreachable. A screenshot goes to
-//! `docs/ui.png`.
+//! starts dropping the API's requests) the page says it is unreachable. A screenshot is taken and
+//! checked; it replaces `docs/ui.png` only with `DD_UPDATE_SCREENSHOT=1` (a test run leaves the
+//! checkout as it found it).
 //!
 //! Chromium runs in a memory cgroup of its own (2 GiB) when the test may create one, so that it cannot
 //! take the shared machine's memory.
@@ -308,8 +309,13 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         "VM 1's token shows VM 2's provisioner:\n{vm1_dom}"
     );
 
-    // The screenshot for docs/.
-    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui.png");
+    // The screenshot (for docs/ when asked to update it).
+    let scratch = tempfile::tempdir().unwrap();
+    let shot = if std::env::var_os("DD_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui.png")
+    } else {
+        scratch.path().join("ui.png")
+    };
     b.run(&[
         "--window-size=1280,1400".into(),
         "--virtual-time-budget=8000".into(),
