@@ -132,7 +132,7 @@ fn decisions(dom: &str, vm: u32) -> Vec<String> {
 /// mount would publish for two containers that loop over 1,000 and 2,000 pages (their curves computed
 /// exactly from those loops), with the watcher's map naming VM 2's two pools.
 fn provision_vm2(d: &Daemon, v2: &common::TestVm) {
-    use dd_guest::mount_stats::{MountStats, PublishedContainer, ReadTimesSnapshot};
+    use dd_guest::mount_stats::{ContainerStats, MountStats, PublishedContainer, ReadTimesSnapshot};
     use dd_mrc::{Curve, ExactLru, Mrc, Unit};
     let dir = tempfile::tempdir().unwrap();
     let mut c = d.tcp_client(v2);
@@ -157,13 +157,15 @@ fn provision_vm2(d: &Daemon, v2: &common::TestVm) {
         let curve: Curve = m.curve_at(&Curve::even_sizes(pages + pages / 10 + 1, 64));
         let reads = 20 * pages;
         PublishedContainer {
-            name: name.into(),
-            pool: None,
-            l1_budget_pages: 64,
-            l1_pages: 64,
-            l1_hits: reads - reads / 10,
-            pool_hits: reads / 20,
-            backing_pages: reads / 20,
+            counters: ContainerStats {
+                name: name.into(),
+                l1_budget_pages: 64,
+                l1_pages: 64,
+                l1_hits: reads - reads / 10,
+                pool_hits: reads / 20,
+                backing_pages: reads / 20,
+                ..ContainerStats::default()
+            },
             times: ReadTimesSnapshot {
                 read_ns: reads * 40_000,
                 read_pages: reads,
