@@ -55,7 +55,6 @@ use dd_client::{ClientError, PoolRef};
 use dd_engine::{Key, PoolId};
 use dd_proto::{Request, Response};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, Metadata};
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -130,26 +129,8 @@ pub struct Container {
     pub(crate) times: ReadTimes,
 }
 
-/// One container's counters, for reports.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ContainerStats {
-    pub name: String,
-    pub pool: Option<u32>,
-    pub l1_budget_pages: usize,
-    pub l1_pages: usize,
-    /// Pages served from the first level.
-    pub l1_hits: u64,
-    /// Pages got from the container's pool.
-    pub pool_hits: u64,
-    /// Pages read from the backing directory, and the read requests that carried them.
-    pub backing_pages: u64,
-    pub backing_reads: u64,
-    /// Evicted pages put to the pool, and those dropped (written since they were read, or no pool).
-    pub puts: u64,
-    pub puts_dropped: u64,
-    /// Objects migrated into this container.
-    pub migrations: u64,
-}
+/// One container's counters, for reports; the same type the mount publishes for the provisioner.
+pub use dd_guest::mount_stats::ContainerStats;
 
 pub struct Frontend {
     cfg: FuseConfig,

@@ -36,13 +36,7 @@ impl Frontend {
                 None => (None, 0),
             };
             out.push(PublishedContainer {
-                name: c.name.clone(),
-                pool: s.pool,
-                l1_budget_pages: s.l1_budget_pages,
-                l1_pages: s.l1_pages,
-                l1_hits: s.l1_hits,
-                pool_hits: s.pool_hits,
-                backing_pages: s.backing_pages,
+                counters: s.clone(),
                 times: c.times.snapshot(),
                 curve,
                 footprint_pages,

@@ -17,17 +17,34 @@ pub struct ReadTimesSnapshot {
     pub backing_pages: u64,
 }
 
-/// One container as published.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PublishedContainer {
+/// One container's counters as the mount keeps them (`dd_fuse::Frontend::stats`, the report of
+/// `doubledecker mount` at exit) and publishes them. Counters only grow while the mount runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContainerStats {
     pub name: String,
     pub pool: Option<u32>,
     pub l1_budget_pages: usize,
     pub l1_pages: usize,
-    /// Pages served from the first level, got from the pool, read from the backing directory.
+    /// Pages served from the first level.
     pub l1_hits: u64,
+    /// Pages got from the container's pool.
     pub pool_hits: u64,
+    /// Pages read from the backing directory, and the read requests that carried them.
     pub backing_pages: u64,
+    pub backing_reads: u64,
+    /// Evicted pages put to the pool, and those dropped (written since they were read, or no pool).
+    pub puts: u64,
+    pub puts_dropped: u64,
+    /// Objects migrated into this container.
+    pub migrations: u64,
+}
+
+/// One container as published: its counters, read times and curve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishedContainer {
+    #[serde(flatten)]
+    pub counters: ContainerStats,
     pub times: ReadTimesSnapshot,
     /// The miss-ratio curve of its page reads (sizes in pages); `None` with sampling off.
     pub curve: Option<dd_mrc::Curve>,

@@ -58,6 +58,10 @@ pub struct LimitsConfig {
     pub max_connections_per_vm: usize,
     /// Time from accept to a completed HELLO; a connection that takes longer is closed. Default 5000.
     pub handshake_timeout_ms: u64,
+    /// CPU priority (nice, 0..=19) of the thread that accepts data-plane connections and reads their
+    /// HELLO: unauthenticated work gets what authenticated sessions leave. 0: the daemon's own.
+    /// Default 10.
+    pub handshake_nice: u8,
     /// An authenticated connection that sends nothing (or reads nothing of its answers) this long is
     /// closed; 0 disables. Default 600000 (10 minutes).
     pub idle_timeout_ms: u64,
@@ -335,6 +339,9 @@ impl ServerConfig {
         if l.handshake_timeout_ms == 0 {
             return Err(invalid("limits.handshake_timeout_ms", "must be at least 1"));
         }
+        if l.handshake_nice > 19 {
+            return Err(invalid("limits.handshake_nice", "must be 0..=19"));
+        }
         if l.max_payload_bytes > dd_proto::ABSOLUTE_MAX_PAYLOAD_BYTES {
             return Err(invalid("limits.max_payload_bytes", "above the protocol's 64 MiB ceiling"));
         }
@@ -506,6 +513,7 @@ mod tests {
             ("[limits]\nmax_connections = 0", "limits.max_connections"),
             ("[limits]\nmax_connections_per_vm = 0", "limits.max_connections_per_vm"),
             ("[limits]\nhandshake_timeout_ms = 0", "limits.handshake_timeout_ms"),
+            ("[limits]\nhandshake_nice = 20", "limits.handshake_nice"),
             ("[limits]\nmax_payload_bytes = 1000", "limits.max_payload_bytes"),
             ("[engine]\npage_size_bytes = 1000", "engine.page_size_bytes"),
             ("[auth]\nhost_admin_token = \"short\"", "auth.host_admin_token"),

@@ -23,6 +23,7 @@ pub mod config;
 pub mod coop;
 pub mod etcd;
 pub mod handler;
+pub mod handshake;
 pub mod metrics;
 pub mod net;
 pub mod persist;
@@ -160,6 +161,19 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// A listener bound on the session runtime, registered with the handshake thread's reactor instead.
+fn rehome_listener<Std, L>(
+    std: std::io::Result<Std>,
+    on: &tokio::runtime::Handle,
+    from_std: impl FnOnce(Std) -> std::io::Result<L>,
+) -> Result<L, ServerError> {
+    let moved = std.and_then(|l| {
+        let _in = on.enter();
+        from_std(l)
+    });
+    moved.map_err(|e| ServerError::Io(format!("moving a listener to the handshake thread: {e}")))
+}
+
 /// Accepts TCP streams (with `TCP_NODELAY`: requests and responses are small and latency-bound).
 fn accept_tcp(
     l: Arc<TcpListener>,
@@ -179,6 +193,7 @@ fn accept_tcp(
 /// Runs an accept loop until `stop` changes: every accepted stream goes to `on_accept`; an accept error
 /// (e.g. out of file descriptors) is logged and retried after a short pause.
 fn spawn_accept_loop<S, Fut>(
+    on: &tokio::runtime::Handle,
     what: &'static str,
     mut stop: watch::Receiver<bool>,
     mut accept: impl FnMut() -> Fut + Send + 'static,
@@ -188,7 +203,7 @@ where
     Fut: Future<Output = std::io::Result<S>> + Send,
     S: Send + 'static,
 {
-    tokio::spawn(async move {
+    on.spawn(async move {
         loop {
             tokio::select! {
                 r = accept() => match r {
@@ -273,22 +288,34 @@ pub async fn run(
     // Every connection task holds a clone of `done_tx`; when all are dropped, `done_rx` sees the end.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let mut accept_tasks = Vec::new();
+    // The data plane's listeners accept, and connections do their handshake, on the handshake thread;
+    // authenticated sessions are served here (`handshake` module).
+    let hs_thread = handshake::HandshakeThread::start(cfg.limits.handshake_nice)
+        .map_err(|e| ServerError::Io(format!("starting the handshake thread: {e}")))?;
+    let sessions = tokio::runtime::Handle::current();
+    let on_hs = hs_thread.handle().clone();
     if let Some(l) = tcp {
-        let (state, stop, done) = (state.clone(), stop_rx.clone(), done_tx.clone());
-        let l = Arc::new(l);
-        accept_tasks.push(spawn_accept_loop("tcp", stop_rx.clone(), accept_tcp(l), move |s| {
-            net::spawn_connection(&state, s, stop.clone(), done.clone())
-        }));
+        let (state, stop, done, sessions) =
+            (state.clone(), stop_rx.clone(), done_tx.clone(), sessions.clone());
+        let l = rehome_listener(l.into_std(), &on_hs, tokio::net::TcpListener::from_std)?;
+        accept_tasks.push(spawn_accept_loop(
+            &on_hs,
+            "tcp",
+            stop_rx.clone(),
+            accept_tcp(Arc::new(l)),
+            move |s| net::spawn_connection(&state, &sessions, s, stop.clone(), done.clone()),
+        ));
     }
     if let Some(l) = unix {
-        let (state, stop, done) = (state.clone(), stop_rx.clone(), done_tx.clone());
-        let l = Arc::new(l);
+        let (state, stop, done, sessions) =
+            (state.clone(), stop_rx.clone(), done_tx.clone(), sessions.clone());
+        let l = Arc::new(rehome_listener(l.into_std(), &on_hs, UnixListener::from_std)?);
         let accept = move || {
             let l = l.clone();
             async move { l.accept().await.map(|(s, _)| s) }
         };
-        accept_tasks.push(spawn_accept_loop("unix", stop_rx.clone(), accept, move |s| {
-            net::spawn_connection(&state, s, stop.clone(), done.clone())
+        accept_tasks.push(spawn_accept_loop(&on_hs, "unix", stop_rx.clone(), accept, move |s| {
+            net::spawn_connection(&state, &sessions, s, stop.clone(), done.clone())
         }));
     }
     drop(done_tx);
@@ -304,12 +331,18 @@ pub async fn run(
             cfg.coop.max_connections,
             Arc::new(metrics::Metrics::new()),
         );
-        accept_tasks.push(spawn_accept_loop("coop", stop_rx.clone(), accept_tcp(Arc::new(l)), move |s| {
-            // At the limit with no HELLO to displace: the connection is closed at once.
-            if let Some(slot) = peer_slots.accept() {
-                tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
-            }
-        }));
+        accept_tasks.push(spawn_accept_loop(
+            &sessions,
+            "coop",
+            stop_rx.clone(),
+            accept_tcp(Arc::new(l)),
+            move |s| {
+                // At the limit with no HELLO to displace: the connection is closed at once.
+                if let Some(slot) = peer_slots.accept() {
+                    tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
+                }
+            },
+        ));
         let (c, mut stop, period) =
             (coop.clone(), stop_rx.clone(), Duration::from_millis(cfg.coop.publish_interval_ms));
         if cfg.coop.membership == config::Membership::Etcd {
@@ -373,6 +406,8 @@ pub async fn run(
     for t in accept_tasks {
         let _ = t.await;
     }
+    // Handshakes in progress end with the thread (an unauthenticated connection has nothing to drain).
+    hs_thread.stop().await;
     let drain = Duration::from_millis(cfg.limits.drain_timeout_ms);
     if tokio::time::timeout(drain, done_rx.recv()).await.is_err() {
         tracing::warn!("connections still open after {drain:?}; closing anyway");

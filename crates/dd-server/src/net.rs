@@ -8,7 +8,10 @@
 //! oldest first when every slot is taken), reads into a fixed 512-byte buffer, refuses from its header
 //! alone any frame larger than a HELLO can be (`frame_too_large`), and is closed when
 //! `limits.handshake_timeout_ms` passes first. So an unauthenticated connection costs its task and
-//! that buffer: a few KiB. The session's buffers are allocated only after HELLO.
+//! that buffer: a few KiB. The session's buffers are allocated only after HELLO. Accepting and the
+//! handshake run on the handshake thread (its own runtime, at a lower CPU priority: `handshake`);
+//! after its HELLO a connection moves to the session runtime, so a flood of connections that never
+//! authenticate does not queue in front of other VMs' requests.
 //!
 //! **Session**: bounded memory per connection: the input buffer never holds more than one incomplete
 //! frame, whose payload is at most `max_payload` (a header announcing more is refused before its
@@ -32,8 +35,9 @@
 //! Shutdown: on the shutdown signal a connection stops reading, finishes the frames it already holds,
 //! writes their responses and closes.
 
-use crate::admission::{HandshakeSlot, MAX_REFUSING};
+use crate::admission::{HandshakeSlot, SessionSlot, MAX_REFUSING};
 use crate::handler::{begin_session, handle_frame, Flow, Session};
+use crate::handshake::Rehome;
 use crate::state::ServerState;
 use dd_proto::frame::{split_frame, write_error, Op};
 use dd_proto::{Status, HEADER_LEN, MAX_HELLO_PAYLOAD_BYTES, PROTOCOL_VERSION};
@@ -42,6 +46,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -53,20 +58,47 @@ const HANDSHAKE_BUF: usize = 512;
 const REFUSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Takes a connection slot for an accepted stream (synchronously, in the accept loop, so the limit is
-/// exact in accept order) and spawns its task. `done` is dropped when the connection ends.
-pub fn spawn_connection<S, D>(state: &Arc<ServerState>, stream: S, shutdown: watch::Receiver<bool>, done: D)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+/// exact in accept order) and spawns its task on the current runtime (the handshake thread's, see
+/// [`crate::handshake`]); after its HELLO the connection moves to `sessions`. `done` is dropped when
+/// the connection ends.
+pub fn spawn_connection<S, D>(
+    state: &Arc<ServerState>,
+    sessions: &Handle,
+    stream: S,
+    shutdown: watch::Receiver<bool>,
+    done: D,
+) where
+    S: AsyncRead + AsyncWrite + Rehome + Unpin + Send + 'static,
     D: Send + 'static,
 {
     let slot = state.admission.accept();
-    let state = state.clone();
+    let (state, sessions) = (state.clone(), sessions.clone());
     tokio::spawn(async move {
         match slot {
-            Some(slot) => serve_connection(state, stream, shutdown, slot).await,
-            None => refuse(&state, stream).await,
+            Some(slot) => {
+                if let Some((stream, sess, session_slot, leftover)) =
+                    handshake(&state, stream, shutdown.clone(), slot).await
+                {
+                    // Registered with the session runtime's reactor, then served there.
+                    match stream.rehome(&sessions) {
+                        Ok(stream) => {
+                            sessions.spawn(async move {
+                                serve_session(state, stream, sess, leftover, shutdown).await;
+                                drop(session_slot);
+                                drop(done);
+                            });
+                        }
+                        Err(e) => {
+                            tracing::warn!("moving an authenticated connection to the session runtime: {e}")
+                        }
+                    }
+                }
+            }
+            None => {
+                refuse(&state, stream).await;
+                drop(done);
+            }
         }
-        drop(done);
     });
 }
 
@@ -123,69 +155,81 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(state: &ServerState, stream: 
     adm.refusing.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Serves one accepted stream until it closes, errs, times out, is displaced or revoked, or the server
-/// shuts down.
-async fn serve_connection<S>(
-    state: Arc<ServerState>,
-    stream: S,
+/// Reads and answers the HELLO of an accepted stream. Returns the authenticated stream, its session,
+/// its session slot and the bytes that followed the HELLO; `None` when the connection ends here
+/// (refused, timed out, displaced, closed, or the server shuts down).
+async fn handshake<S>(
+    state: &ServerState,
+    mut stream: S,
     mut shutdown: watch::Receiver<bool>,
     mut slot: HandshakeSlot,
-) where
+) -> Option<(S, Session, SessionSlot, Vec<u8>)>
+where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut rd, mut wr) = tokio::io::split(stream);
     let mut sess = Session::new();
     let mut out: Vec<u8> = Vec::new();
-
-    // Handshake: a fixed small buffer, a deadline, and a frame limit of one HELLO.
+    // A fixed small buffer, a deadline, and a frame limit of one HELLO.
     let deadline = Instant::now() + state.handshake_timeout;
     let mut hs = [0u8; HANDSHAKE_BUF];
     let mut have = 0;
-    let (_session_slot, leftover) = loop {
+    loop {
         match split_frame(&hs[..have], MAX_HELLO_PAYLOAD_BYTES) {
             Ok(Some((h, n))) => {
                 let mut session_slot = None;
-                let status = begin_session(&state, &mut sess, &h, &hs[HEADER_LEN..n], &mut out, |vm| {
+                let status = begin_session(state, &mut sess, &h, &hs[HEADER_LEN..n], &mut out, |vm| {
                     session_slot = slot.authenticate(vm).ok();
                     session_slot.is_some()
                 });
                 state.metrics.record_request(h.op, status);
-                let sent = write_or(&mut wr, &out, tokio::time::sleep_until(deadline)).await;
-                out.clear();
-                match session_slot {
-                    Some(s) if sent && status.is_ok() => break (s, hs[n..have].to_vec()),
+                let sent = write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await;
+                return match session_slot {
+                    Some(s) if sent && status.is_ok() => Some((stream, sess, s, hs[n..have].to_vec())),
                     _ => {
-                        let _ = wr.shutdown().await;
-                        return;
+                        let _ = stream.shutdown().await;
+                        None
                     }
-                }
+                };
             }
             Ok(None) => {}
             Err(e) => {
                 let (id, op) = frame_ids(&hs[..have]);
                 write_error(&mut out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
-                if write_or(&mut wr, &out, tokio::time::sleep_until(deadline)).await {
-                    let _ = wr.shutdown().await;
+                if write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await {
+                    let _ = stream.shutdown().await;
                 }
-                return;
+                return None;
             }
         }
         tokio::select! {
-            r = rd.read(&mut hs[have..]) => match r {
-                Ok(0) | Err(_) => return,
+            r = stream.read(&mut hs[have..]) => match r {
+                Ok(0) | Err(_) => return None,
                 Ok(n) => have += n,
             },
             _ = tokio::time::sleep_until(deadline) => {
                 state.metrics.connections_timed_out.fetch_add(1, Ordering::Relaxed);
-                return;
+                return None;
             }
-            _ = &mut slot.displaced => return,
-            _ = shutdown.changed() => return,
+            _ = &mut slot.displaced => return None,
+            _ = shutdown.changed() => return None,
         }
-    };
+    }
+}
 
-    // Session.
+/// Serves an authenticated stream until it closes, errs, times out or is revoked, or the server shuts
+/// down. `leftover`: what the client sent after its HELLO.
+async fn serve_session<S>(
+    state: Arc<ServerState>,
+    stream: S,
+    mut sess: Session,
+    leftover: Vec<u8>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut out: Vec<u8> = Vec::new();
     let reg = sess.registration().expect("authenticated").clone();
     let mut revoked = reg.revoked();
     if !reg.is_live() {

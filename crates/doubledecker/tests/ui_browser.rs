@@ -4,8 +4,9 @@
 //! token only that VM appears; VM 2's guest provisioner (the real `doubledecker guest provision`, one
 //! round over what a mount would publish) reports its targets and decisions, which the page shows for
 //! VM 2 and only to those who may see VM 2; with the daemon gone while the page is open (a proxy that
-//! starts dropping the API's requests) the page says it is unreachable. A screenshot goes to
-//! `docs/ui.png`.
+//! starts dropping the API's requests) the page says it is unreachable. A screenshot is taken and
+//! checked; it replaces `docs/ui.png` only with `DD_UPDATE_SCREENSHOT=1` (a test run leaves the
+//! checkout as it found it).
 //!
 //! Chromium runs in a memory cgroup of its own (2 GiB) when the test may create one, so that it cannot
 //! take the shared machine's memory.
@@ -131,7 +132,7 @@ fn decisions(dom: &str, vm: u32) -> Vec<String> {
 /// mount would publish for two containers that loop over 1,000 and 2,000 pages (their curves computed
 /// exactly from those loops), with the watcher's map naming VM 2's two pools.
 fn provision_vm2(d: &Daemon, v2: &common::TestVm) {
-    use dd_guest::mount_stats::{MountStats, PublishedContainer, ReadTimesSnapshot};
+    use dd_guest::mount_stats::{ContainerStats, MountStats, PublishedContainer, ReadTimesSnapshot};
     use dd_mrc::{Curve, ExactLru, Mrc, Unit};
     let dir = tempfile::tempdir().unwrap();
     let mut c = d.tcp_client(v2);
@@ -156,13 +157,15 @@ fn provision_vm2(d: &Daemon, v2: &common::TestVm) {
         let curve: Curve = m.curve_at(&Curve::even_sizes(pages + pages / 10 + 1, 64));
         let reads = 20 * pages;
         PublishedContainer {
-            name: name.into(),
-            pool: None,
-            l1_budget_pages: 64,
-            l1_pages: 64,
-            l1_hits: reads - reads / 10,
-            pool_hits: reads / 20,
-            backing_pages: reads / 20,
+            counters: ContainerStats {
+                name: name.into(),
+                l1_budget_pages: 64,
+                l1_pages: 64,
+                l1_hits: reads - reads / 10,
+                pool_hits: reads / 20,
+                backing_pages: reads / 20,
+                ..ContainerStats::default()
+            },
             times: ReadTimesSnapshot {
                 read_ns: reads * 40_000,
                 read_pages: reads,
@@ -308,8 +311,13 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         "VM 1's token shows VM 2's provisioner:\n{vm1_dom}"
     );
 
-    // The screenshot for docs/.
-    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui.png");
+    // The screenshot (for docs/ when asked to update it).
+    let scratch = tempfile::tempdir().unwrap();
+    let shot = if std::env::var_os("DD_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui.png")
+    } else {
+        scratch.path().join("ui.png")
+    };
     b.run(&[
         "--window-size=1280,1400".into(),
         "--virtual-time-budget=8000".into(),

@@ -30,7 +30,7 @@ mod config;
 
 pub use config::{AdminReportConfig, ContainerGoal, GuestProvisionError, ProvisionFileConfig, PAGE};
 
-use crate::mount_stats::{MountStats, PublishedContainer, ReadTimesSnapshot};
+use crate::mount_stats::{ContainerStats, MountStats, PublishedContainer, ReadTimesSnapshot};
 use crate::watch::StateFile;
 use dd_client::{BackoffPolicy, ClientError, PoolRef, Session};
 pub use dd_provision::report::{ContainerReport, RoundReport};
@@ -139,7 +139,7 @@ impl GuestProvisioner {
         let now = stats.uptime_ms;
         // The containers: every one the mount attributed reads to (not the unattributed ""), in order.
         let cts: Vec<PublishedContainer> =
-            stats.containers.into_iter().filter(|c| !c.name.is_empty()).collect();
+            stats.containers.into_iter().filter(|c| !c.counters.name.is_empty()).collect();
         if cts.is_empty() {
             return Ok(None);
         }
@@ -153,12 +153,13 @@ impl GuestProvisioner {
         let mut measured = Vec::new();
         let mut all = ReadTimesSnapshot::default();
         for c in &cts {
-            let (prev, since) = self.last.get(&c.name).cloned().unwrap_or_else(|| (zero(&c.name), 0));
+            let (prev, since) =
+                self.last.get(&c.counters.name).cloned().unwrap_or_else(|| (zero(&c.counters.name), 0));
             let d = delta(c, &prev);
             // On the mount's clock: its counters started with it (a mount started again counts from 0).
             let secs = (if now >= since { now - since } else { now }) as f64 / 1e3;
             let secs = secs.max(1e-3);
-            let reads = d.l1_hits + d.pool_hits + d.backing_pages;
+            let reads = d.counters.l1_hits + d.counters.pool_hits + d.counters.backing_pages;
             let t = d.times;
             all.read_ns += t.read_ns;
             all.read_pages += t.read_pages;
@@ -166,12 +167,12 @@ impl GuestProvisioner {
             all.pool_pages += t.pool_pages;
             all.backing_ns += t.backing_ns;
             all.backing_pages += t.backing_pages;
-            let goal = self.cfg.containers.get(&c.name).cloned().unwrap_or(ContainerGoal {
+            let goal = self.cfg.containers.get(&c.counters.name).cloned().unwrap_or(ContainerGoal {
                 target: None,
                 min_budget_bytes: 0,
                 memory_base_bytes: None,
             });
-            let pool_used = match (self.session.as_mut(), pools.get(&c.name)) {
+            let pool_used = match (self.session.as_mut(), pools.get(&c.counters.name)) {
                 (Some(s), Some(&p)) => s
                     .on_pool(p, |cl, id| cl.pool_stats(id))
                     .map(|s| s.counters.mem.used as f64)
@@ -185,7 +186,7 @@ impl GuestProvisioner {
             let closed = matches!(goal.target, Some(Target::Throughput { .. }));
             let concurrency = if closed { (rate * ns_per_read.unwrap_or(0.0) / 1e9).max(1.0) } else { 1.0 };
             inputs.push(ContainerInput {
-                name: c.name.clone(),
+                name: c.counters.name.clone(),
                 file_curve: c.curve.clone().unwrap_or_else(|| {
                     Curve::new(Unit::Pages, vec![0], vec![1.0]).expect("one point at size 0 with ratio 1")
                 }),
@@ -202,7 +203,7 @@ impl GuestProvisioner {
                 target: goal.target,
                 min_memory_pages: (goal.min_budget_bytes / PAGE).max(1),
                 observed: ns_per_read.map(|ns| Observed {
-                    file_pages: c.l1_pages as f64,
+                    file_pages: c.counters.l1_pages as f64,
                     anon_pages: 0.0,
                     mem_cache_pages: pool_used,
                     ssd_cache_pages: 0.0,
@@ -210,7 +211,7 @@ impl GuestProvisioner {
                 }),
             });
             measured.push(Measured {
-                hit_ratio: if reads > 0 { 1.0 - d.backing_pages as f64 / reads as f64 } else { 0.0 },
+                hit_ratio: if reads > 0 { 1.0 - d.counters.backing_pages as f64 / reads as f64 } else { 0.0 },
                 latency_ms: ns_per_read.unwrap_or(0.0) / 1e6,
                 reads_per_s: rate,
                 reads,
@@ -218,10 +219,10 @@ impl GuestProvisioner {
         }
         let lat = latency_model(&all);
         let current: Option<Vec<Allocation>> =
-            cts.iter().map(|c| self.current.get(&c.name).copied()).collect();
+            cts.iter().map(|c| self.current.get(&c.counters.name).copied()).collect();
         let plan = provision(&inputs, current.as_deref(), &lat, &budget, &self.cfg.decision)?;
         for c in &cts {
-            self.last.insert(c.name.clone(), (c.clone(), now));
+            self.last.insert(c.counters.name.clone(), (c.clone(), now));
         }
         self.rounds += 1;
         let report = self.report(&plan, &cts, &measured, &pools, budget, !dry_run);
@@ -325,13 +326,7 @@ impl GuestProvisioner {
 /// A container's counters before anything was counted.
 fn zero(name: &str) -> PublishedContainer {
     PublishedContainer {
-        name: name.into(),
-        pool: None,
-        l1_budget_pages: 0,
-        l1_pages: 0,
-        l1_hits: 0,
-        pool_hits: 0,
-        backing_pages: 0,
+        counters: ContainerStats { name: name.into(), ..ContainerStats::default() },
         times: ReadTimesSnapshot::default(),
         curve: None,
         footprint_pages: 0,
@@ -341,11 +336,15 @@ fn zero(name: &str) -> PublishedContainer {
 /// Counters of `now` since `then` (a restarted mount's smaller counters count from zero).
 fn delta(now: &PublishedContainer, then: &PublishedContainer) -> PublishedContainer {
     let d = |a: u64, b: u64| if a >= b { a - b } else { a };
+    let (c, p) = (&now.counters, &then.counters);
     let (t, u) = (&now.times, &then.times);
     PublishedContainer {
-        l1_hits: d(now.l1_hits, then.l1_hits),
-        pool_hits: d(now.pool_hits, then.pool_hits),
-        backing_pages: d(now.backing_pages, then.backing_pages),
+        counters: ContainerStats {
+            l1_hits: d(c.l1_hits, p.l1_hits),
+            pool_hits: d(c.pool_hits, p.pool_hits),
+            backing_pages: d(c.backing_pages, p.backing_pages),
+            ..c.clone()
+        },
         times: ReadTimesSnapshot {
             read_ns: d(t.read_ns, u.read_ns),
             read_pages: d(t.read_pages, u.read_pages),
@@ -397,13 +396,14 @@ mod tests {
             page_size: 4096,
             uptime_ms,
             containers: vec![PublishedContainer {
-                name: "web".into(),
-                pool: None,
-                l1_budget_pages: 16,
-                l1_pages: 16,
-                l1_hits: reads - reads / 10,
-                pool_hits: 0,
-                backing_pages: reads / 10,
+                counters: ContainerStats {
+                    name: "web".into(),
+                    l1_budget_pages: 16,
+                    l1_pages: 16,
+                    l1_hits: reads - reads / 10,
+                    backing_pages: reads / 10,
+                    ..ContainerStats::default()
+                },
                 times: ReadTimesSnapshot {
                     read_ns: reads * 10_000,
                     read_pages: reads,
