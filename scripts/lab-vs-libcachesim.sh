@@ -9,9 +9,9 @@
 #   usage: scripts/lab-vs-libcachesim.sh [TRACE.oracleGeneral.bin[.zst]] [CACHE_OBJECTS]
 #
 # libCacheSim: set LCS_CACHESIM to a `cachesim` you built, or the script clones the public repository
-# (github.com/1a1a11a/libCacheSim, pinned below) into a temporary folder and builds it there (needs git,
-# cmake, a C compiler, and the glib and zstd development packages: apt install cmake build-essential
-# libglib2.0-dev libzstd-dev). Nothing of it enters this repository.
+# (github.com/1a1a11a/libCacheSim, at LCS_COMMIT: default its develop branch) into a temporary folder
+# and builds it there (needs git, cmake, a C compiler, and the glib and zstd development packages:
+# apt install cmake build-essential libglib2.0-dev libzstd-dev). Nothing of it enters this repository.
 # Without a trace it writes a synthetic one (zipf 0.9, 5 M requests over 1 M objects) with
 # `doubledecker bench mrc --keep-trace`; the default cache is a tenth of the distinct objects.
 set -euo pipefail
