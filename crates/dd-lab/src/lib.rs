@@ -144,15 +144,15 @@ pub fn run_prepared(
 ) -> Result<ScenarioResult, LabError> {
     let scaled = &prepared.scenario;
     let base = opts.base_dir.clone();
-    let load = move |p: &str| -> Result<String, LabError> {
+    let load = move |p: &str| -> Result<model::workload::TraceStream, LabError> {
         if let Some(t) = bundled::trace(p) {
-            return Ok(t.to_string());
+            return Ok(Box::new(t.as_bytes()));
         }
         let path = match &base {
             Some(b) => b.join(p),
             None => PathBuf::from(p),
         };
-        std::fs::read_to_string(&path).map_err(|e| LabError::io(&path, e))
+        Ok(Box::new(std::fs::File::open(&path).map_err(|e| LabError::io(&path, e))?))
     };
     // Searching variants run as their candidates, collapsed back to one run each afterwards.
     let variants = scaled.run_list();

@@ -221,10 +221,12 @@ fn a_store_no_spec_uses_is_left_out_and_changes_no_output() {
     let v = sc.variant_list().remove(0);
     let run = |cfg: &dd_lab::sim::backend::BackendConfig| {
         let s = dd_lab::sim::apply_variant(&sc, &v);
-        let r = dd_lab::sim::Sim::new(&s, &v, EngineBackend::new(cfg).unwrap(), &|_: &str| Ok(String::new()))
-            .unwrap()
-            .run(&mut |_| {})
-            .unwrap();
+        let r = dd_lab::sim::Sim::new(&s, &v, EngineBackend::new(cfg).unwrap(), &|_: &str| {
+            Ok(Box::new(std::io::empty()))
+        })
+        .unwrap()
+        .run(&mut |_| {})
+        .unwrap();
         format!("{r:?}")
     };
     assert!(run(&cfg) == run(&with_store), "leaving the unused SSD store out changed the result");

@@ -29,6 +29,7 @@
 //! replayed by one thread, one row per operation.
 
 use crate::error::LabError;
+use crate::scenario::workload::TraceFormat;
 use crate::scenario::{Selection, Workload, PAGE};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -130,20 +131,66 @@ pub enum Role {
     Trace { row: usize },
 }
 
-/// A parsed block trace: rows of `(object, index, pages, write)`.
+/// A loaded trace: rows of `(object, index, pages, write)`, objects numbered densely in order of first
+/// appearance.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     pub rows: Vec<(u32, u32, u32, bool)>,
     pub objects: u32,
 }
 
+/// An opened trace file (or a bundled trace), read once as it is parsed.
+pub type TraceStream = Box<dyn std::io::Read + Send>;
+
+/// Opens a trace by its path in the scenario.
+pub type OpenTrace<'a> = &'a dyn Fn(&str) -> Result<TraceStream, LabError>;
+
+/// How a trace is read (the `trace` workload's fields).
+#[derive(Debug, Clone, Copy)]
+pub struct TraceLoad {
+    pub format: TraceFormat,
+    pub ignore_obj_size: bool,
+    pub max_requests: u64,
+}
+
+/// Renumbers object ids densely, in order of first appearance (a foldhash map: SipHash took a fifth of a
+/// plain-LRU replay's CPU, `scripts/lab-vs-libcachesim.sh`).
+struct Ids(std::collections::HashMap<u64, u32, foldhash::fast::FixedState>);
+
+impl Default for Ids {
+    fn default() -> Self {
+        Ids(std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x1d5)))
+    }
+}
+
+impl Ids {
+    fn get(&mut self, id: u64) -> Option<u32> {
+        let next = u32::try_from(self.0.len()).ok()?;
+        Some(*self.0.entry(id).or_insert(next))
+    }
+}
+
 impl Trace {
-    /// Parses CSV text with a header line `object,index,pages,op`. Object ids are renumbered densely in
-    /// order of first appearance.
+    /// Reads a trace from `input` (`path` names it in errors).
+    pub fn load(
+        input: impl std::io::Read + Send + 'static,
+        path: &str,
+        how: TraceLoad,
+    ) -> Result<Trace, LabError> {
+        match how.format {
+            TraceFormat::BlockCsv => Trace::parse_block_csv(input, path, how.max_requests),
+            TraceFormat::OracleGeneral => Trace::parse_oracle_general(input, path, how),
+        }
+    }
+
+    /// Parses CSV text with a header line `object,index,pages,op`.
     pub fn parse(text: &str, path: &str) -> Result<Trace, LabError> {
-        let mut rd =
-            csv::ReaderBuilder::new().has_headers(true).trim(csv::Trim::All).from_reader(text.as_bytes());
-        let mut ids = std::collections::HashMap::new();
+        Trace::parse_block_csv(text.as_bytes(), path, u64::MAX)
+    }
+
+    fn parse_block_csv(input: impl std::io::Read, path: &str, max: u64) -> Result<Trace, LabError> {
+        let mut rd = csv::ReaderBuilder::new().has_headers(true).trim(csv::Trim::All).from_reader(input);
+        let mut ids = Ids::default();
         let mut rows = Vec::new();
         let err = |line: usize, m: &str| LabError::Trace {
             path: path.to_string(),
@@ -151,6 +198,9 @@ impl Trace {
         };
         for (n, rec) in rd.records().enumerate() {
             let rec = rec.map_err(|e| err(n + 2, &e.to_string()))?;
+            if rows.len() as u64 >= max {
+                return Err(too_long(path, max));
+            }
             if rec.len() != 4 {
                 return Err(err(n + 2, "expected 4 fields: object,index,pages,op"));
             }
@@ -165,14 +215,62 @@ impl Trace {
                 "W" | "w" => true,
                 _ => return Err(err(n + 2, "op must be R or W")),
             };
-            let next = ids.len() as u32;
-            let o = *ids.entry(obj).or_insert(next);
+            let o = ids.get(obj).ok_or_else(|| err(n + 2, "more than 2^32 distinct objects"))?;
             rows.push((o, idx, pages, write));
         }
         if rows.is_empty() {
             return Err(err(1, "the trace has no rows"));
         }
-        Ok(Trace { rows, objects: ids.len() as u32 })
+        Ok(Trace { rows, objects: ids.0.len() as u32 })
+    }
+
+    /// Reads libCacheSim's oracle-general records (plain or zstd): every request reads its object.
+    fn parse_oracle_general(
+        input: impl std::io::Read + Send + 'static,
+        path: &str,
+        how: TraceLoad,
+    ) -> Result<Trace, LabError> {
+        let terr =
+            |e: dd_trace::TraceError| LabError::Trace { path: path.to_string(), message: e.to_string() };
+        let mut rd = dd_trace::OracleGeneralReader::new(dd_trace::Source::from_reader(path, input, None))
+            .map_err(terr)?;
+        let mut ids = Ids::default();
+        let mut rows = Vec::new();
+        let mut batch = Vec::new();
+        loop {
+            batch.clear();
+            if dd_trace::TraceReader::read_batch(&mut rd, &mut batch, dd_trace::DEFAULT_BATCH)
+                .map_err(terr)?
+                == 0
+            {
+                break;
+            }
+            if (rows.len() + batch.len()) as u64 > how.max_requests {
+                return Err(too_long(path, how.max_requests));
+            }
+            for r in &batch {
+                let o = ids.get(r.id).ok_or_else(|| LabError::Trace {
+                    path: path.to_string(),
+                    message: "more than 2^32 distinct objects".into(),
+                })?;
+                let pages = if how.ignore_obj_size { 1 } else { r.size.div_ceil(PAGE as u32).max(1) };
+                rows.push((o, 0, pages, false));
+            }
+        }
+        if rows.is_empty() {
+            return Err(LabError::Trace {
+                path: path.to_string(),
+                message: "the trace has no requests".into(),
+            });
+        }
+        Ok(Trace { rows, objects: ids.0.len() as u32 })
+    }
+}
+
+fn too_long(path: &str, max: u64) -> LabError {
+    LabError::Trace {
+        path: path.to_string(),
+        message: format!("more than max_requests = {max} requests (raise the workload's max_requests)"),
     }
 }
 

@@ -7,6 +7,18 @@ use super::d_one;
 use crate::error::LabError;
 use serde::{Deserialize, Serialize};
 
+/// The file format of a `trace` workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceFormat {
+    /// Text with a header line, `object,index,pages,op` (op `R` or `W`).
+    #[default]
+    BlockCsv,
+    /// libCacheSim's oracle-general binary records, plain or zstd-compressed (`dd_trace`): each request
+    /// reads its object from page 0, `ceil(obj_size / 4 KiB)` pages (one with `ignore_obj_size`).
+    OracleGeneral,
+}
+
 /// Which store a YCSB workload runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -146,15 +158,29 @@ pub enum Workload {
         #[serde(default)]
         preload: bool,
     },
-    /// Replay of a block trace (CSV: `object,index,pages,op` with op `R` or `W`), as fast as the
-    /// modelled latencies allow, looping at the end. The path is relative to the scenario file.
+    /// Replay of a trace (`format`: a block-trace CSV or libCacheSim's oracle-general binary), as fast
+    /// as the modelled latencies allow, looping at the end with `repeat`. The path is relative to the
+    /// scenario file. The requests are held in memory (16 bytes each), at most `max_requests`.
     Trace {
         path: String,
         #[serde(default)]
         repeat: bool,
+        #[serde(default)]
+        format: TraceFormat,
+        /// `oracle-general` only: every request reads one page, whatever its object's size
+        /// (libCacheSim's `--ignore-obj-size`). Default false.
+        #[serde(default)]
+        ignore_obj_size: bool,
+        /// Requests loaded at most; a longer trace is an error naming this field. Default 5,000,000.
+        /// The memory plan counts 48 bytes for each (a row, and the object map while loading).
+        #[serde(default = "d_trace_max_requests")]
+        max_requests: u64,
     },
 }
 
+fn d_trace_max_requests() -> u64 {
+    5_000_000
+}
 fn d_1() -> u32 {
     1
 }
@@ -313,9 +339,12 @@ pub(super) fn validate_workload(w: &Workload, p: &str) -> Result<(), LabError> {
             }
             thr(*nthreads)
         }
-        Workload::Trace { path, .. } => {
+        Workload::Trace { path, max_requests, .. } => {
             if path.is_empty() {
                 return Err(LabError::invalid(&format!("{p}.path"), "must not be empty"));
+            }
+            if *max_requests == 0 {
+                return Err(LabError::invalid(&format!("{p}.max_requests"), "must be at least 1"));
             }
             Ok(())
         }

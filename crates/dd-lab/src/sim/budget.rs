@@ -123,8 +123,9 @@ fn workload_bytes(w: &Workload) -> u64 {
                 if *store == crate::model::kvstore::StoreKind::Mysql { st.heap_pages() as u64 } else { 0 };
             (st.capacity_pages() as u64 + pool) * ANON_BYTES_PER_PAGE
         }
-        // The trace's rows are its file's size in memory, give or take; traces are small.
-        Workload::Trace { .. } => 0,
+        // At most `max_requests` rows (the load refuses more) of 16 bytes, and while loading the map
+        // that numbers the objects (at most one per request, under 32 bytes each).
+        Workload::Trace { max_requests, .. } => max_requests.saturating_mul(16 + 32),
     }
 }
 

@@ -325,12 +325,12 @@ fn ns(s: f64) -> u64 {
 
 impl<B: SecondChance> Sim<B> {
     /// Builds the emulator. `sc` is already scaled and has the variant applied; `disabled` names
-    /// containers the variant leaves out; `load_trace` resolves a trace path to its text.
+    /// containers the variant leaves out; `load_trace` opens a trace path (a stream: a trace is read once, as it is parsed).
     pub fn new(
         sc: &Scenario,
         variant: &Variant,
         mut backend: B,
-        load_trace: &dyn Fn(&str) -> Result<String, LabError>,
+        load_trace: crate::model::workload::OpenTrace<'_>,
     ) -> Result<Sim<B>, LabError> {
         let mut guests = Vec::new();
         let mut vm_cts = Vec::new();
@@ -712,7 +712,10 @@ mod tests {
         .unwrap();
         let text = format!("object,index,pages,op\n{trace}");
         let variant = sc.variant_list()[0].clone();
-        let sim = Sim::new(&sc, &variant, backend, &|_| Ok(text.clone())).unwrap();
+        let sim = Sim::new(&sc, &variant, backend, &|_| {
+            Ok(Box::new(std::io::Cursor::new(text.clone().into_bytes())))
+        })
+        .unwrap();
         sim.run(&mut |_| {}).unwrap().totals[0].clone()
     }
 

@@ -5,7 +5,9 @@
 use super::{ns, Anon, Ct, CtTotals, Kind, Sim, NS};
 use crate::error::LabError;
 use crate::model::kvstore::{Store, StoreKind as Db};
-use crate::model::workload::{gamma_pages, objects_needed, thread_roles, Fileset, Trace};
+use crate::model::workload::{
+    gamma_pages, objects_needed, thread_roles, Fileset, OpenTrace, Trace, TraceLoad,
+};
 use crate::scenario::{mib_pages, Container, Workload};
 use crate::sim::backend::SecondChance;
 use dd_engine::Counters;
@@ -25,13 +27,20 @@ impl<B: SecondChance> Sim<B> {
         next_obj: &mut u64,
         size: &mut Vec<u32>,
         gen: &mut Vec<u32>,
-        load_trace: &dyn Fn(&str) -> Result<String, LabError>,
+        load_trace: OpenTrace<'_>,
     ) -> Result<Ct, LabError> {
         // Each container has its own random stream: adding a container does not perturb the others.
         let mut rng =
             ChaCha8Rng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(idx as u64 + 1)));
         let trace = match &c.workload {
-            Workload::Trace { path, .. } => Some(Arc::new(Trace::parse(&load_trace(path)?, path)?)),
+            Workload::Trace { path, format, ignore_obj_size, max_requests, .. } => {
+                let how = TraceLoad {
+                    format: *format,
+                    ignore_obj_size: *ignore_obj_size,
+                    max_requests: *max_requests,
+                };
+                Some(Arc::new(Trace::load(load_trace(path)?, path, how)?))
+            }
             _ => None,
         };
         let nobj = objects_needed(&c.workload, trace.as_deref());
