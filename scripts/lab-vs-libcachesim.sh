@@ -38,10 +38,8 @@ if [ ! -e "$trace" ]; then
   echo "writing a synthetic trace ..." >&2
   "$dd" bench mrc --keep-trace "$trace" --requests 5000000 --keys 1000000 --no-minisim --json > /dev/null
 fi
-unique=$("$dd" mrc --trace "$trace" --method exact --points 1 --json --quiet |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["unique"])')
-requests=$("$dd" mrc --trace "$trace" --method exact --points 1 --json --quiet |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["requests"])')
+read -r unique requests < <("$dd" mrc --trace "$trace" --method exact --points 1 --json --quiet |
+  python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["unique"], d["requests"])')
 cache=${2:-$(( unique / 10 ))}
 echo "trace $trace: $requests requests, $unique distinct objects; LRU of $cache objects (pages)"
 
@@ -49,11 +47,7 @@ cpu() { # command... -> prints user+sys CPU seconds of the command (its stdout g
   local t; TIMEFORMAT='%U %S'; t=$( { time "$@" > "$out" 2> /dev/null; } 2>&1 ); awk '{print $1 + $2}' <<< "$t"
 }
 
-out=$work/lcs.txt
 lcs_once() { (cd "$work" && cpu "$lcs" "$trace" oracleGeneralBin lru "$cache" --ignore-obj-size=true --num-thread=1 -o "$work/lcs-result"); }
-# cachesim prints the miss ratio to 4 decimals only.
-out=$work/lcs.txt; lcs_once > /dev/null
-lcs_ratio=$(python3 -c 'import re,sys; m=re.search(r"miss ratio\s+([0-9.]+)", open(sys.argv[1]).read()); print(m.group(1) if m else "?")' "$out")
 
 # One VM, one container replaying the trace once through a plain-LRU guest page cache of `cache` pages,
 # reclaimed a page at a time (exact LRU), with `mem_mib` of memory store behind it (0: none).
@@ -103,6 +97,8 @@ for _ in $(seq "${REPEATS:-3}"); do
   ts_pool="$ts_pool $(lab "$mem")"
 done
 t_lcs=$(echo $ts_lcs | median); t_lab=$(echo $ts_lab | median); t_pool=$(echo $ts_pool | median)
+# cachesim prints the miss ratio to 4 decimals only (its last run's output).
+lcs_ratio=$(python3 -c 'import re,sys; m=re.search(r"miss ratio\s+([0-9.]+)", open(sys.argv[1]).read()); print(m.group(1) if m else "?")' "$work/lcs.txt")
 echo "CPU seconds per run: libCacheSim$ts_lcs; lab$ts_lab; lab with a pool$ts_pool (medians below)"
 read -r lab_acc lab_misses < <(summary "$work/lab-0")
 read -r pool_acc _ < <(summary "$work/lab-$mem")

@@ -183,11 +183,6 @@ impl Trace {
         }
     }
 
-    /// Parses CSV text with a header line `object,index,pages,op`.
-    pub fn parse(text: &str, path: &str) -> Result<Trace, LabError> {
-        Trace::parse_block_csv(text.as_bytes(), path, u64::MAX)
-    }
-
     fn parse_block_csv(input: impl std::io::Read, path: &str, max: u64) -> Result<Trace, LabError> {
         let mut rd = csv::ReaderBuilder::new().has_headers(true).trim(csv::Trim::All).from_reader(input);
         let mut ids = Ids::default();
