@@ -62,6 +62,13 @@ pub struct LimitsConfig {
     /// HELLO: unauthenticated work gets what authenticated sessions leave. 0: the daemon's own.
     /// Default 10.
     pub handshake_nice: u8,
+    /// A handshake that fails (a malformed or oversized frame, an unsupported version, an unknown VM or
+    /// a wrong token) is answered this long after the failure, and the connection is not read
+    /// meanwhile (its receive buffer shrunk to the minimum): a client cannot make the daemon accept,
+    /// refuse and close connections faster than one per this delay per connection slot it holds. The
+    /// connection keeps a handshake slot meanwhile, which a newer connection may displace. 0: answered
+    /// at once. Default 1000.
+    pub handshake_fail_delay_ms: u64,
     /// An authenticated connection that sends nothing (or reads nothing of its answers) this long is
     /// closed; 0 disables. Default 600000 (10 minutes).
     pub idle_timeout_ms: u64,
@@ -342,6 +349,9 @@ impl ServerConfig {
         if l.handshake_nice > 19 {
             return Err(invalid("limits.handshake_nice", "must be 0..=19"));
         }
+        if l.handshake_fail_delay_ms > 60_000 {
+            return Err(invalid("limits.handshake_fail_delay_ms", "must be at most 60000"));
+        }
         if l.max_payload_bytes > dd_proto::ABSOLUTE_MAX_PAYLOAD_BYTES {
             return Err(invalid("limits.max_payload_bytes", "above the protocol's 64 MiB ceiling"));
         }
@@ -514,6 +524,7 @@ mod tests {
             ("[limits]\nmax_connections_per_vm = 0", "limits.max_connections_per_vm"),
             ("[limits]\nhandshake_timeout_ms = 0", "limits.handshake_timeout_ms"),
             ("[limits]\nhandshake_nice = 20", "limits.handshake_nice"),
+            ("[limits]\nhandshake_fail_delay_ms = 60001", "limits.handshake_fail_delay_ms"),
             ("[limits]\nmax_payload_bytes = 1000", "limits.max_payload_bytes"),
             ("[engine]\npage_size_bytes = 1000", "engine.page_size_bytes"),
             ("[auth]\nhost_admin_token = \"short\"", "auth.host_admin_token"),

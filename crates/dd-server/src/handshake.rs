@@ -14,6 +14,7 @@
 //! authenticated request is ever handled on this thread (its only frame handled here is the HELLO).
 
 use std::io;
+use std::os::fd::AsRawFd;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -88,12 +89,53 @@ fn lower_priority(nice: u8) -> io::Result<()> {
 }
 
 /// A stream that can move from the runtime whose reactor it is registered with to another one.
-pub trait Rehome: Sized {
+pub trait Rehome: Sized + AsRawFd {
     /// The same socket, registered with the runtime of `to` (which must have I/O enabled).
     fn rehome(self, to: &Handle) -> io::Result<Self>;
+
+    /// A read that never waits (the stream's own `try_read`).
+    fn try_read_now(&self, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// For a connection that will not be read again (a failed handshake waiting for its answer):
+    /// discards what its receive queue holds (at most `max` bytes, without waiting) and shrinks the
+    /// socket's receive buffer to the kernel's minimum, so that what the client sends from now on is
+    /// held in a few KiB of kernel memory (the rest is dropped and the client's writes block).
+    fn stop_receiving(&self, max: usize) -> io::Result<()> {
+        let mut scratch = [0u8; 16 << 10];
+        let mut discarded = 0;
+        while discarded < max {
+            match self.try_read_now(&mut scratch) {
+                Ok(0) => break,
+                Ok(n) => discarded += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let min: libc::c_int = 1;
+        // SAFETY: the fd is this open socket's (borrowed for the call); SO_RCVBUF takes a c_int, whose
+        // address and size are passed; the kernel clamps the value to its minimum.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&min as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }
 
 impl Rehome for tokio::net::TcpStream {
+    fn try_read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.try_read(buf)
+    }
+
     fn rehome(self, to: &Handle) -> io::Result<Self> {
         let s = self.into_std()?;
         let _in = to.enter();
@@ -102,6 +144,10 @@ impl Rehome for tokio::net::TcpStream {
 }
 
 impl Rehome for tokio::net::UnixStream {
+    fn try_read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.try_read(buf)
+    }
+
     fn rehome(self, to: &Handle) -> io::Result<Self> {
         let s = self.into_std()?;
         let _in = to.enter();

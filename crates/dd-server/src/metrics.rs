@@ -48,6 +48,8 @@ pub struct Metrics {
     /// Connections closed by the handshake deadline, the idle timeout or a revoked registration.
     pub connections_timed_out: AtomicU64,
     pub connections_revoked: AtomicU64,
+    /// Failed handshakes held for `limits.handshake_fail_delay_ms` before their answer (`net`).
+    pub handshakes_delayed: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -68,6 +70,7 @@ impl Metrics {
             connections_displaced: AtomicU64::new(0),
             connections_timed_out: AtomicU64::new(0),
             connections_revoked: AtomicU64::new(0),
+            handshakes_delayed: AtomicU64::new(0),
         }
     }
 
@@ -142,6 +145,11 @@ impl Metrics {
             "dd_connections_revoked",
             "Sessions closed because their VM was removed or its tokens replaced",
             counter(self.connections_revoked.load(Ordering::Relaxed)),
+        );
+        reg.register(
+            "dd_handshakes_delayed",
+            "Failed handshakes answered after limits.handshake_fail_delay_ms, unread meanwhile",
+            counter(self.handshakes_delayed.load(Ordering::Relaxed)),
         );
 
         let store_capacity = Family::<Labels, Gauge>::default();

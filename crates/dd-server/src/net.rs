@@ -8,7 +8,10 @@
 //! oldest first when every slot is taken), reads into a fixed 512-byte buffer, refuses from its header
 //! alone any frame larger than a HELLO can be (`frame_too_large`), and is closed when
 //! `limits.handshake_timeout_ms` passes first. So an unauthenticated connection costs its task and
-//! that buffer: a few KiB. The session's buffers are allocated only after HELLO. Accepting and the
+//! that buffer: a few KiB. A failed handshake (bad frame, wrong token, ...) is answered only after
+//! `limits.handshake_fail_delay_ms`, unread meanwhile, still in its displaceable slot: a client that
+//! reconnects on every refusal waits instead of making the daemon (and the kernel under it) accept and
+//! close connections as fast as it can open them. The session's buffers are allocated only after HELLO. Accepting and the
 //! handshake run on the handshake thread (its own runtime, at a lower CPU priority: `handshake`);
 //! after its HELLO a connection moves to the session runtime, so a flood of connections that never
 //! authenticate does not queue in front of other VMs' requests.
@@ -54,6 +57,9 @@ use tokio::time::Instant;
 const READ_CHUNK: usize = 64 * 1024;
 /// The handshake's buffer: a whole HELLO frame (at most 286 bytes) and the start of what follows it.
 const HANDSHAKE_BUF: usize = 512;
+/// What a failed handshake's receive queue may hold when it stops being read, at most, discarded
+/// (a client's first window on Linux is at most 64 KiB, or 128 KiB with window scaling).
+const FAIL_DISCARD_BYTES: usize = 256 << 10;
 /// How long a refused connection is given to send its HELLO before it is answered `busy` anyway.
 const REFUSE_WAIT: Duration = Duration::from_secs(1);
 
@@ -165,7 +171,7 @@ async fn handshake<S>(
     mut slot: HandshakeSlot,
 ) -> Option<(S, Session, SessionSlot, Vec<u8>)>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Rehome + Unpin,
 {
     let mut sess = Session::new();
     let mut out: Vec<u8> = Vec::new();
@@ -176,12 +182,19 @@ where
     loop {
         match split_frame(&hs[..have], MAX_HELLO_PAYLOAD_BYTES) {
             Ok(Some((h, n))) => {
-                let mut session_slot = None;
+                let (mut slot, mut session_slot) = (Some(slot), None);
                 let status = begin_session(state, &mut sess, &h, &hs[HEADER_LEN..n], &mut out, |vm| {
-                    session_slot = slot.authenticate(vm).ok();
+                    session_slot = slot.take().and_then(|s| s.authenticate(vm).ok());
                     session_slot.is_some()
                 });
                 state.metrics.record_request(h.op, status);
+                // A failed HELLO never reached `authenticate`: its slot is still here.
+                if let Some(slot) = slot.as_mut().filter(|_| fails_handshake(status)) {
+                    if !fail_delay(state, &mut stream, slot, &mut shutdown).await {
+                        return None;
+                    }
+                }
+                let deadline = deadline.max(Instant::now() + REFUSE_WAIT);
                 let sent = write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await;
                 return match session_slot {
                     Some(s) if sent && status.is_ok() => Some((stream, sess, s, hs[n..have].to_vec())),
@@ -196,6 +209,10 @@ where
                 let (id, op) = frame_ids(&hs[..have]);
                 write_error(&mut out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
+                if !fail_delay(state, &mut stream, &mut slot, &mut shutdown).await {
+                    return None;
+                }
+                let deadline = deadline.max(Instant::now() + REFUSE_WAIT);
                 if write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await {
                     let _ = stream.shutdown().await;
                 }
@@ -214,6 +231,36 @@ where
             _ = &mut slot.displaced => return None,
             _ = shutdown.changed() => return None,
         }
+    }
+}
+
+/// Whether a HELLO answered `status` is a failed handshake (answered after the fail delay): every
+/// refusal but the load signals (`busy`, shutting down), which a client is expected to retry.
+fn fails_handshake(status: Status) -> bool {
+    !status.is_ok() && status != Status::BUSY && status != Status::SHUTTING_DOWN
+}
+
+/// The fail delay of a failed handshake (`limits.handshake_fail_delay_ms`): the connection is not read
+/// (its receive buffer shrunk) and keeps its handshake slot, which a newer connection may displace.
+/// Without it, a client that is refused and reconnects at once made the daemon accept, refuse and
+/// close thousands of connections a second, and the kernel's work for them cost other VMs' requests
+/// up to 4x their p99 on two cores (`bench tenants`, attack `oversized_preauth`, BENCHMARKS.md).
+/// False when the connection is to close without its answer (displaced, or the server shuts down).
+async fn fail_delay<S: Rehome>(
+    state: &ServerState,
+    stream: &mut S,
+    slot: &mut HandshakeSlot,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    if state.handshake_fail_delay.is_zero() {
+        return true;
+    }
+    state.metrics.handshakes_delayed.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.stop_receiving(FAIL_DISCARD_BYTES);
+    tokio::select! {
+        _ = tokio::time::sleep(state.handshake_fail_delay) => true,
+        _ = &mut slot.displaced => false,
+        _ = shutdown.changed() => false,
     }
 }
 

@@ -43,6 +43,8 @@ pub struct ServerState {
     /// Data-plane connection slots (global, per VM, handshakes displaced oldest first).
     pub admission: Arc<Admission>,
     pub handshake_timeout: Duration,
+    /// `limits.handshake_fail_delay_ms`.
+    pub handshake_fail_delay: Duration,
     /// `None`: idle sessions are never closed.
     pub idle_timeout: Option<Duration>,
     /// Batch limit of the protocol (the engine's `max_batch_pages`).
@@ -96,6 +98,7 @@ impl ServerState {
             admission: Admission::new(l.max_connections, l.max_connections_per_vm, metrics.clone()),
             metrics,
             handshake_timeout: Duration::from_millis(l.handshake_timeout_ms),
+            handshake_fail_delay: Duration::from_millis(l.handshake_fail_delay_ms),
             idle_timeout: (l.idle_timeout_ms > 0).then(|| Duration::from_millis(l.idle_timeout_ms)),
             max_batch: cfg.engine.max_batch_pages as u32,
             max_payload: cfg.limits.max_payload_bytes,

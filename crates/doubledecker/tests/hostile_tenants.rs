@@ -280,7 +280,8 @@ fn cpu_of(threads: &[(String, u64, i64)], name: &str) -> u64 {
 #[test]
 fn regression_unauthenticated_churn_ran_on_the_session_workers() {
     let a = vm(1);
-    let d = Daemon::start(&[&a], "");
+    // Without the fail delay (its own test below), so that 6000 refusals take seconds.
+    let d = Daemon::start(&[&a], "[limits]\nhandshake_fail_delay_ms = 0\n");
     let mut ca = d.tcp_client(&a);
     ca.ping().unwrap();
     let before = threads_cpu(d.pid());
@@ -309,4 +310,74 @@ fn regression_unauthenticated_churn_ran_on_the_session_workers() {
         "6000 unauthenticated connections cost {on_hs} ticks on the handshake thread and {on_sessions} on the \
          session runtime's threads"
     );
+}
+
+/// Found by CI's `bench tenants` on a quiet machine after the fix above (A's p99 ratio 0.42
+/// in 5 pairs, 0.23 to 0.55): a refused handshake was answered and closed at once, so a client that
+/// reconnected on every refusal made the daemon accept, refuse and close about 6,000 connections a
+/// second, and the kernel's work for them (not the daemon's handshake thread: the same flood aimed at
+/// another process cost A as much) took A's CPU. A failed handshake is now answered after
+/// `limits.handshake_fail_delay_ms` (default 1000), its connection unread meanwhile in a displaceable
+/// slot, and a correct HELLO is never delayed.
+#[test]
+fn regression_refused_handshakes_were_answered_and_closed_at_once() {
+    let a = vm(1);
+    let d = Daemon::start(&[&a], "[limits]\nhandshake_fail_delay_ms = 2000\n");
+    let delayed = |what: &str, t0: Instant| {
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(1900),
+            "{what} was answered after {took:?}, not the 2 s fail delay"
+        );
+    };
+    // An oversized frame before HELLO, with megabytes behind it that are never read.
+    let t0 = Instant::now();
+    let mut s = connect(d.tcp);
+    s.write_all(&header(Op::Hello as u8, 7, 2 << 20)).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let junk = vec![0x5au8; 1 << 20];
+    while t0.elapsed() < Duration::from_millis(500) {
+        if s.write(&junk).is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    s.set_nonblocking(false).unwrap();
+    let (h, _) = read_frame(&mut s).expect("the refusal is answered");
+    assert_eq!((h.status(), h.request_id), (Status::FRAME_TOO_LARGE, 7));
+    delayed("an oversized HELLO", t0);
+    assert!(raw::closed(&mut s));
+    // A wrong token and an unknown VM.
+    for (vm, token) in [(a.id, "not-the-token-of-this-vm"), (99, "data-token-of-no-vm-at-all")] {
+        let t0 = Instant::now();
+        let mut s = connect(d.tcp);
+        assert_eq!(raw::hello(&mut s, vm, token), Some(Status::AUTH_FAILED));
+        delayed("a HELLO with a wrong token", t0);
+    }
+    // While 32 refused connections wait for their answers, A connects and is served at once.
+    let mut waiting: Vec<_> = (0..32u64)
+        .map(|i| {
+            let mut s = connect(d.tcp);
+            s.write_all(&header(Op::Hello as u8, i, 2 << 20)).unwrap();
+            s
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut ca = d.tcp_client(&a);
+    ca.ping().unwrap();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(1000), "A's HELLO took {took:?} beside refused connections");
+    for s in &mut waiting {
+        let (h, _) = read_frame(s).expect("every refused connection is answered");
+        assert_eq!(h.status(), Status::FRAME_TOO_LARGE);
+    }
+    let m = d.metrics();
+    let n: u64 = m
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("dd_handshakes_delayed_total ")
+                .or_else(|| l.strip_prefix("dd_handshakes_delayed "))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .expect("dd_handshakes_delayed in /metrics");
+    assert!(n >= 35, "dd_handshakes_delayed counted {n} of 35 failed handshakes");
 }
