@@ -11,8 +11,9 @@
 //! that buffer: a few KiB. A failed handshake (bad frame, wrong token, ...) is answered only after
 //! `limits.handshake_fail_delay_ms`, unread meanwhile, still in its displaceable slot: a client that
 //! reconnects on every refusal waits instead of making the daemon (and the kernel under it) accept and
-//! close connections as fast as it can open them. The session's buffers are allocated only after HELLO. Accepting and the
-//! handshake run on the handshake thread (its own runtime, at a lower CPU priority: `handshake`);
+//! close connections as fast as it can open them. The session's buffers are allocated only after
+//! HELLO. Accepting and the handshake run on the handshake thread (its own runtime, at a lower CPU
+//! priority: `handshake`);
 //! after its HELLO a connection moves to the session runtime, so a flood of connections that never
 //! authenticate does not queue in front of other VMs' requests.
 //!

@@ -19,6 +19,10 @@
 //!   security one (removal, token replacement: a failed write leaves the old registration in force and
 //!   says so) and otherwise rolls the change back when the write fails (`state`).
 //!
+//! * writes are paced (`auth.registrations_min_write_interval_ms`, default 10): storage is shared with
+//!   every tenant, and an admin client changing registrations in a loop otherwise made two syncs per
+//!   change, 2,000 a second.
+//!
 //! Locks: the [`Persisted`] value sits in a mutex of `ServerState` that serialises the admin API's
 //! registration changes (taken before a registration's gate and the engine's locks, never on the data
 //! path), so the file always matches the last change made.
@@ -30,6 +34,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Layout version of the file.
 const FILE_VERSION: u32 = 1;
@@ -91,6 +96,10 @@ pub struct Persisted {
     records: BTreeMap<u32, Record>,
     /// Ids of the configuration's VMs (their removal leaves a tombstone).
     configured: BTreeSet<u32>,
+    /// Writes are at least this far apart (`auth.registrations_min_write_interval_ms`).
+    min_write_interval: Duration,
+    /// When the last write ended.
+    last_write: Option<Instant>,
 }
 
 fn io_err(path: &Path, what: &str, e: impl std::fmt::Display) -> ServerError {
@@ -101,7 +110,14 @@ impl Persisted {
     /// Reads the file at `path` (absent: no records yet, a fresh salt). `configured` lists the
     /// configuration's VM ids.
     pub fn open(path: Option<PathBuf>, configured: BTreeSet<u32>) -> Result<Persisted, ServerError> {
-        let mut p = Persisted { path: None, salt: [0; 32], records: BTreeMap::new(), configured };
+        let mut p = Persisted {
+            path: None,
+            salt: [0; 32],
+            records: BTreeMap::new(),
+            configured,
+            min_write_interval: Duration::ZERO,
+            last_write: None,
+        };
         rand::rngs::OsRng.fill_bytes(&mut p.salt);
         let Some(path) = path else { return Ok(p) };
         match std::fs::read(&path) {
@@ -127,6 +143,11 @@ impl Persisted {
         }
         p.path = Some(path);
         Ok(p)
+    }
+
+    /// Paces writes: the next one starts at least `d` after the last one ended.
+    pub fn set_min_write_interval(&mut self, d: Duration) {
+        self.min_write_interval = d;
     }
 
     /// The salt of every token hash.
@@ -165,9 +186,23 @@ impl Persisted {
         };
     }
 
-    /// The whole file, atomically (see the module documentation).
-    fn write(&self) -> Result<(), ServerError> {
+    /// The whole file, atomically (see the module documentation), once `min_write_interval` has passed
+    /// since the last write. The wait holds the caller's lock, which only the admin API's registration
+    /// changes take (they queue behind it, never the data path).
+    fn write(&mut self) -> Result<(), ServerError> {
         let Some(path) = &self.path else { return Ok(()) };
+        if let Some(last) = self.last_write {
+            let wait = self.min_write_interval.saturating_sub(last.elapsed());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+        }
+        let written = self.write_now(path);
+        self.last_write = Some(Instant::now());
+        written
+    }
+
+    fn write_now(&self, path: &Path) -> Result<(), ServerError> {
         let body = FileBody {
             version: FILE_VERSION,
             salt: TokenHash(self.salt).to_hex(),

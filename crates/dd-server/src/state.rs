@@ -83,7 +83,8 @@ impl ServerState {
     ) -> Result<ServerState, ServerError> {
         let file = &cfg.auth.registrations_file;
         let file = (!file.as_os_str().is_empty()).then(|| cfg.in_data_dir(file));
-        let persisted = Persisted::open(file, cfg.vms.iter().map(|v| v.id).collect())?;
+        let mut persisted = Persisted::open(file, cfg.vms.iter().map(|v| v.id).collect())?;
+        persisted.set_min_write_interval(Duration::from_millis(cfg.auth.registrations_min_write_interval_ms));
         let engine_cfg = cfg.engine_config();
         let default_pool_quota = engine_cfg.max_pools_per_vm;
         let has_ssd = engine_cfg.ssd.is_some();
