@@ -190,12 +190,10 @@ where
                 });
                 state.metrics.record_request(h.op, status);
                 // A failed HELLO never reached `authenticate`: its slot is still here.
-                if let Some(slot) = slot.as_mut().filter(|_| fails_handshake(status)) {
-                    if !fail_delay(state, &mut stream, slot, &mut shutdown).await {
-                        return None;
-                    }
-                }
-                let deadline = deadline.max(Instant::now() + REFUSE_WAIT);
+                let deadline = match slot.as_mut().filter(|_| fails_handshake(status)) {
+                    Some(slot) => fail_delay(state, &mut stream, slot, &mut shutdown, deadline).await?,
+                    None => deadline,
+                };
                 let sent = write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await;
                 return match session_slot {
                     Some(s) if sent && status.is_ok() => Some((stream, sess, s, hs[n..have].to_vec())),
@@ -210,10 +208,7 @@ where
                 let (id, op) = frame_ids(&hs[..have]);
                 write_error(&mut out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
-                if !fail_delay(state, &mut stream, &mut slot, &mut shutdown).await {
-                    return None;
-                }
-                let deadline = deadline.max(Instant::now() + REFUSE_WAIT);
+                let deadline = fail_delay(state, &mut stream, &mut slot, &mut shutdown, deadline).await?;
                 if write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await {
                     let _ = stream.shutdown().await;
                 }
@@ -246,23 +241,26 @@ fn fails_handshake(status: Status) -> bool {
 /// Without it, a client that is refused and reconnects at once made the daemon accept, refuse and
 /// close thousands of connections a second, and the kernel's work for them cost other VMs' requests
 /// up to 4x their p99 on two cores (`bench tenants`, attack `oversized_preauth`, BENCHMARKS.md).
-/// False when the connection is to close without its answer (displaced, or the server shuts down).
+/// Returns the deadline of the answer's write (the handshake's `deadline`, or `REFUSE_WAIT` from the
+/// end of the delay if that is later), or `None` when the connection is to close without its answer
+/// (displaced, or the server shuts down).
 async fn fail_delay<S: Rehome>(
     state: &ServerState,
     stream: &mut S,
     slot: &mut HandshakeSlot,
     shutdown: &mut watch::Receiver<bool>,
-) -> bool {
-    if state.handshake_fail_delay.is_zero() {
-        return true;
+    deadline: Instant,
+) -> Option<Instant> {
+    if !state.handshake_fail_delay.is_zero() {
+        state.metrics.handshakes_delayed.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.stop_receiving(FAIL_DISCARD_BYTES);
+        tokio::select! {
+            _ = tokio::time::sleep(state.handshake_fail_delay) => {}
+            _ = &mut slot.displaced => return None,
+            _ = shutdown.changed() => return None,
+        }
     }
-    state.metrics.handshakes_delayed.fetch_add(1, Ordering::Relaxed);
-    let _ = stream.stop_receiving(FAIL_DISCARD_BYTES);
-    tokio::select! {
-        _ = tokio::time::sleep(state.handshake_fail_delay) => true,
-        _ = &mut slot.displaced => false,
-        _ = shutdown.changed() => false,
-    }
+    Some(deadline.max(Instant::now() + REFUSE_WAIT))
 }
 
 /// Serves an authenticated stream until it closes, errs, times out or is revoked, or the server shuts
