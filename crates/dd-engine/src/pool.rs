@@ -18,7 +18,7 @@
 use crate::order::{OrderQueue, QPos, Queued, Slab};
 use crate::remote::{Holder, RemoteRef, RemoteState};
 use crate::stats::Counters;
-use crate::store::mem::FrameId;
+use crate::store::frame::FrameId;
 use crate::store::ssd::SlotId;
 use crate::types::{EvictionOrder, Key, PoolId, PoolKind, Spec, StoreKind, VmId};
 use parking_lot::Mutex;

@@ -11,7 +11,8 @@ use super::{Cache, GetOutcome, Shared, NO_DOMAIN};
 use crate::error::CacheError;
 use crate::pool::{Loc, Pool};
 use crate::remote::{Evicted, Holder, RemoteRef, RemoteSink};
-use crate::store::dedup::{hash_page, Lookup};
+use crate::store::dedup::Lookup;
+use crate::store::frame::hash_page;
 use crate::types::{Key, PoolId, VmId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -163,7 +164,7 @@ impl Shared {
         &self,
         p: &Pool,
         sink: &dyn RemoteSink,
-        offers: Vec<(Key, u64, crate::store::mem::FrameId)>,
+        offers: Vec<(Key, u64, crate::store::frame::FrameId)>,
     ) {
         let idx = self.dedup.as_ref().expect("a sink is only installed with de-duplication");
         let mut not_offered = Vec::new();
@@ -205,7 +206,7 @@ impl Shared {
     }
 
     /// Drops references to memory frames (pins), freeing frames that become unreferenced.
-    fn release_frames(&self, frames: &[crate::store::mem::FrameId]) {
+    fn release_frames(&self, frames: &[crate::store::frame::FrameId]) {
         let locs: Vec<Loc> = frames.iter().map(|f| Loc::Mem(*f)).collect();
         self.free_locs(&locs);
     }

@@ -13,7 +13,8 @@ use super::{Cache, Shared, GROUP_DOMAINS};
 use crate::config::Maintenance;
 use crate::error::CacheError;
 use crate::pool::{Arrival, Departure, Loc, Pool, Saving};
-use crate::store::dedup::{hash_page, Lookup};
+use crate::store::dedup::Lookup;
+use crate::store::frame::hash_page;
 use crate::types::{Key, PoolId, PutOutcome, Spec, StoreKind, VmId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -329,7 +330,7 @@ impl Shared {
     }
 
     /// Reserves and allocates one memory frame for a put into `p` (evicting if the store is full).
-    fn reserve_frame(&self, p: &Pool) -> Option<crate::store::mem::FrameId> {
+    fn reserve_frame(&self, p: &Pool) -> Option<crate::store::frame::FrameId> {
         if !self.reserve(StoreKind::Mem, p) {
             return None;
         }

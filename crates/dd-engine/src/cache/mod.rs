@@ -195,7 +195,7 @@ struct Shared {
     group_dedup_hits: AtomicU64,
     group_bytes_saved: AtomicU64,
     /// Pins held for peers: pin number -> frame (a leaf lock).
-    pins: Mutex<Map<u64, crate::store::mem::FrameId>>,
+    pins: Mutex<Map<u64, crate::store::frame::FrameId>>,
     next_pin: AtomicU64,
     pins_granted: AtomicU64,
 }

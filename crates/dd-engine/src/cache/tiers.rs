@@ -9,7 +9,7 @@
 
 use super::{Cache, Shared};
 use crate::pool::{Loc, Pool};
-use crate::store::dedup::hash_page;
+use crate::store::frame::hash_page;
 use crate::types::{Key, PoolKind, StoreKind};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -27,7 +27,8 @@
 //! (it is owned exclusively then); its hash is recomputed from its (immutable) bytes on release.
 //! Frames that lost a hash collision are stored unindexed (domain [`UNINDEXED`]) and freed directly.
 
-use crate::store::mem::{FrameId, MemStore};
+use super::frame::FrameId;
+use super::mem::MemStore;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,10 +55,6 @@ pub enum Lookup {
     Shared(FrameId),
     /// No equal page: the caller stores a new frame and calls [`ContentIndex::insert`].
     Absent,
-}
-
-pub fn hash_page(data: &[u8]) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(data)
 }
 
 impl ContentIndex {
@@ -170,6 +167,7 @@ impl std::fmt::Debug for ContentIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::frame::hash_page;
 
     #[test]
     fn equal_pages_share_a_frame_until_the_last_release() {

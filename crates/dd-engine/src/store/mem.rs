@@ -17,53 +17,15 @@
 //!
 //! **Compressed pages** (zbud-style, when the store compresses): a page whose LZ4 form fits in half a
 //! frame is stored in a half; a frame holds up to two such halves. A [`FrameId`] with the top bit set
-//! names a half (`frame << 1 | half`). [`MemStore::read`], [`MemStore::equals`] and [`MemStore::hash`]
+//! names a half (`frame << 1 | half`, `store::frame`). [`MemStore::read`], [`MemStore::equals`] and [`MemStore::hash`]
 //! decompress halves transparently; [`MemStore::free`] returns whether a whole frame became free (only
 //! then does the cache release a reservation). Frames with one free half wait on the `unbuddied` list;
-//! `half_state` (two bits per frame, changed only under the `zbud` lock) says which halves are in use.
+//! `Zbud::state` (two bits per frame, changed only under the `zbud` lock) says which halves are in use.
 
+use super::frame::{hash_page, FrameId, MAX_FRAMES};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-
-/// A frame number in the arena, or (top bit set) one half of a frame holding a compressed page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FrameId(pub u32);
-
-const HALF_BIT: u32 = 1 << 31;
-
-/// The most frames an arena may have (`EngineConfig::validate` refuses more): a half's id is
-/// `HALF_BIT | frame << 1 | half`, so a frame number must fit in 30 bits for its halves to be told from
-/// whole frames and from each other.
-pub use crate::config::MAX_MEM_FRAMES as MAX_FRAMES;
-
-impl FrameId {
-    fn half(frame: u32, half: u32) -> FrameId {
-        FrameId(HALF_BIT | frame << 1 | half)
-    }
-    /// Whether this names a half frame (a compressed page).
-    pub fn is_half(self) -> bool {
-        self.0 & HALF_BIT != 0
-    }
-    /// A dense number for side tables with two entries per frame: `2 × frame` for a whole frame,
-    /// `2 × frame + half` for a half (a frame is never whole and halved at once).
-    pub fn place_index(self) -> usize {
-        if self.is_half() {
-            (self.0 & !HALF_BIT) as usize
-        } else {
-            self.0 as usize * 2
-        }
-    }
-
-    /// The whole frame this page lives in.
-    pub fn frame(self) -> u32 {
-        if self.is_half() {
-            (self.0 & !HALF_BIT) >> 1
-        } else {
-            self.0
-        }
-    }
-}
 
 /// Bookkeeping of half frames (under one lock: compressed puts are rarer than the copy they save).
 #[derive(Debug, Default)]
@@ -352,17 +314,17 @@ impl MemStore {
         bytes == data
     }
 
-    /// The content hash of a frame (see `store::dedup`), under the same condition as [`Self::equals`].
+    /// The content hash of a frame (`store::frame::hash_page`), under the same condition as [`Self::equals`].
     pub fn hash(&self, frame: FrameId) -> u128 {
         if frame.is_half() {
             let mut page = vec![0u8; self.page_size];
             self.read_half(frame, &mut page);
-            return crate::store::dedup::hash_page(&page);
+            return hash_page(&page);
         }
         let src = self.frame_ptr(frame);
         // SAFETY: as in `equals`.
         let bytes = unsafe { std::slice::from_raw_parts(src, self.page_size) };
-        crate::store::dedup::hash_page(bytes)
+        hash_page(bytes)
     }
 
     /// Hints the CPU to start loading the first cache lines of a frame (a get is about to copy it). A

@@ -1,0 +1,57 @@
+//! What names a page in the memory store and what identifies its bytes, shared by the arena (`mem`), the
+//! content index (`dedup`), the pools and the cache: [`FrameId`], the frame cap [`MAX_FRAMES`] its
+//! encoding imposes, and [`hash_page`], the content hash of a page.
+//!
+//! Invariants:
+//! * A [`FrameId`] without the top bit names a whole frame; with it, one half of a frame holding a
+//!   compressed page (`HALF_BIT | frame << 1 | half`). A frame number therefore fits in 30 bits
+//!   ([`MAX_FRAMES`]), so a half's id is never a whole frame's, nor its buddy's.
+//! * [`hash_page`] is a pure function of a page's bytes (xxh3-128), so the hash of an immutable frame
+//!   can be recomputed at any time and equals the one it was indexed under. Equal hashes do not prove
+//!   equal bytes: every user compares bytes before it relies on a match.
+
+/// A frame number in the arena, or (top bit set) one half of a frame holding a compressed page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameId(pub u32);
+
+const HALF_BIT: u32 = 1 << 31;
+
+/// The most frames an arena may have (`EngineConfig::validate` refuses more): a half's id is
+/// `HALF_BIT | frame << 1 | half`, so a frame number must fit in 30 bits for its halves to be told from
+/// whole frames and from each other.
+pub use crate::config::MAX_MEM_FRAMES as MAX_FRAMES;
+
+impl FrameId {
+    /// Names half `half` (0 or 1) of frame `frame`.
+    pub(super) fn half(frame: u32, half: u32) -> FrameId {
+        FrameId(HALF_BIT | frame << 1 | half)
+    }
+    /// Whether this names a half frame (a compressed page).
+    pub fn is_half(self) -> bool {
+        self.0 & HALF_BIT != 0
+    }
+    /// A dense number for side tables with two entries per frame: `2 × frame` for a whole frame,
+    /// `2 × frame + half` for a half (a frame is never whole and halved at once).
+    pub fn place_index(self) -> usize {
+        if self.is_half() {
+            (self.0 & !HALF_BIT) as usize
+        } else {
+            self.0 as usize * 2
+        }
+    }
+
+    /// The whole frame this page lives in.
+    pub fn frame(self) -> u32 {
+        if self.is_half() {
+            (self.0 & !HALF_BIT) >> 1
+        } else {
+            self.0
+        }
+    }
+}
+
+/// The content hash of a page: the key of the de-duplication index (`dedup`), what
+/// `MemStore::hash` recomputes for a frame, and the check of pages fetched from peers.
+pub fn hash_page(data: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(data)
+}
