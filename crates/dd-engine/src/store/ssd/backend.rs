@@ -1,23 +1,21 @@
-//! How pages move between page buffers and the store file: the [`PageIo`] trait, its plain
-//! `pread`/`pwrite` backend, and the choice of backend at open.
+//! How pages move between page buffers and the store file: the [`PageIo`] trait and its plain
+//! `pread`/`pwrite` backend.
 //!
-//! Backends: [`PreadIo`] (one system call per page), [`super::uring::UringIo`] (batches through
-//! io_uring, falling back to `pread`/`pwrite` where a ring cannot run an operation) and
-//! [`super::faults::FaultyIo`] (tests and fuzzing: wraps another backend and fails operations on a
-//! countdown). The store above them owns buffers, alignment and the write-behind queue; a backend only
-//! transfers whole buffers at byte offsets and reports each transfer's outcome.
+//! Backends: [`PreadIo`] (one system call per page), `uring::UringIo` (batches through io_uring,
+//! falling back to `pread`/`pwrite` where a ring cannot run an operation) and `faults::FaultyIo` (tests
+//! and fuzzing: wraps another backend and fails operations on a countdown). They implement the trait
+//! defined here, and the store (`ssd/mod.rs`, `open_backend`) picks one at open, so imports go one way:
+//! from the store to the backends, and from each backend to this module. The store owns buffers,
+//! alignment and the write-behind queue; a backend only transfers whole buffers at byte offsets and
+//! reports each transfer's outcome.
 //!
 //! Contract: every buffer handed to a backend satisfies the file's memory alignment (the store bounces
 //! unaligned caller buffers); a backend never keeps a buffer after the call that lent it returns.
 
-use super::faults::{FaultInjector, FaultyIo};
 use super::ssd_file::reserve;
-use super::uring::{new_ring, UringIo};
-use crate::config::IoBackend;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 
 /// One page read: fill `buf` from byte `offset` of the file.
 pub(crate) struct ReadOp<'a> {
@@ -70,30 +68,4 @@ impl PageIo for PreadIo {
     fn uses_uring(&self) -> bool {
         false
     }
-}
-
-/// Picks the backend for an opened file: io_uring per `backend` (`Uring` fails if no ring can be set
-/// up, `Auto` falls back to `pread`), wrapped in the fault injector when one is given.
-pub(crate) fn open_backend(
-    file: File,
-    backend: IoBackend,
-    write_ring_entries: u32,
-    faults: Option<Arc<FaultInjector>>,
-    path: &str,
-) -> io::Result<Box<dyn PageIo>> {
-    let io: Box<dyn PageIo> = match backend {
-        IoBackend::Sync => Box::new(PreadIo { file }),
-        IoBackend::Uring => Box::new(UringIo::new(file, new_ring(write_ring_entries)?)),
-        IoBackend::Auto => match new_ring(write_ring_entries) {
-            Ok(ring) => Box::new(UringIo::new(file, ring)),
-            Err(e) => {
-                tracing::info!(path, error = %e, "io_uring unavailable, using pread/pwrite");
-                Box::new(PreadIo { file })
-            }
-        },
-    };
-    Ok(match faults {
-        Some(faults) => Box::new(FaultyIo::new(io, faults)),
-        None => io,
-    })
 }

@@ -15,8 +15,9 @@
 //!   read of a slot with a pending entry is served from that buffer.
 //! * A pool of aligned page buffers (`buf`; reused by the queue and as bounce buffers for unaligned reads
 //!   under `O_DIRECT`).
-//! * The I/O backend (`backend`: `pread`/`pwrite`, `uring`, and for tests and fuzzing the fault-injecting
-//!   `faults`), which only transfers buffers.
+//! * The I/O backend, which only transfers buffers: `backend` defines the `PageIo` trait and its
+//!   `pread`/`pwrite` implementation, `uring` and (for tests and fuzzing) the fault-injecting `faults`
+//!   implement it too, and `open_backend` here picks one at open.
 //!
 //! # Under I/O errors
 //!
@@ -72,9 +73,10 @@ mod uring;
 mod writer;
 
 use self::alloc::SlotAllocator;
-use self::backend::{open_backend, PageIo, ReadOp};
+use self::backend::{PageIo, PreadIo, ReadOp};
 pub(crate) use self::buf::AlignedBuf;
-use self::faults::FaultInjector;
+use self::faults::{FaultInjector, FaultyIo};
+use self::uring::{new_ring, UringIo};
 use super::ssd_file;
 use super::ssd_file::open_file;
 use crate::config::{DirectIo, IoBackend};
@@ -82,6 +84,7 @@ use crate::error::StoreError;
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -217,6 +220,32 @@ struct Stats {
 
 fn bump(counter: &AtomicU64, by: u64) {
     counter.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Picks the backend for an opened file: io_uring per `backend` (`Uring` fails if no ring can be set
+/// up, `Auto` falls back to `pread`), wrapped in the fault injector when one is given.
+fn open_backend(
+    file: File,
+    backend: IoBackend,
+    write_ring_entries: u32,
+    faults: Option<Arc<FaultInjector>>,
+    path: &str,
+) -> io::Result<Box<dyn PageIo>> {
+    let io: Box<dyn PageIo> = match backend {
+        IoBackend::Sync => Box::new(PreadIo { file }),
+        IoBackend::Uring => Box::new(UringIo::new(file, new_ring(write_ring_entries)?)),
+        IoBackend::Auto => match new_ring(write_ring_entries) {
+            Ok(ring) => Box::new(UringIo::new(file, ring)),
+            Err(e) => {
+                tracing::info!(path, error = %e, "io_uring unavailable, using pread/pwrite");
+                Box::new(PreadIo { file })
+            }
+        },
+    };
+    Ok(match faults {
+        Some(faults) => Box::new(FaultyIo::new(io, faults)),
+        None => io,
+    })
 }
 
 impl SsdStore {
