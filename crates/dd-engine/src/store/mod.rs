@@ -9,4 +9,3 @@ pub(crate) mod dedup;
 pub(crate) mod frame;
 pub(crate) mod mem;
 pub mod ssd;
-pub mod ssd_file;

@@ -5,7 +5,7 @@
 //! Why: the lab's engines are real caches sized like the papers' hosts. A full-scale run of
 //! `fig9-10-table2-modes` once fallocated a 16 GiB SSD store in `/dev/shm` per variant, two variants at
 //! once, and the kernel's OOM killer took unrelated processes (issue 13). Now the scratch file is never
-//! reserved on a memory-backed file system (`dd_engine::store::ssd_file`), and a run starts only if its
+//! reserved on a memory-backed file system (`dd_engine::store::ssd::file`), and a run starts only if its
 //! estimate fits below the margin.
 //!
 //! Invariants:
@@ -257,7 +257,7 @@ pub struct ScratchChoice {
 impl ScratchChoice {
     pub fn at(dir: PathBuf) -> ScratchChoice {
         // A directory we cannot inspect is treated as memory (the cautious reading).
-        let in_memory = dd_engine::store::ssd_file::is_memory_backed(&dir).unwrap_or(true);
+        let in_memory = dd_engine::store::ssd::file::is_memory_backed(&dir).unwrap_or(true);
         ScratchChoice { dir, in_memory }
     }
 }

@@ -12,7 +12,7 @@
 //! Contract: every buffer handed to a backend satisfies the file's memory alignment (the store bounces
 //! unaligned caller buffers); a backend never keeps a buffer after the call that lent it returns.
 
-use super::ssd_file::reserve;
+use super::file::reserve;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;

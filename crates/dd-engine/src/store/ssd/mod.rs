@@ -2,9 +2,9 @@
 //!
 //! # What it owns
 //!
-//! * The backing file (`SsdOptions::path`, or an unnamed scratch file; opening it is `store::ssd_file`'s
-//!   business), `slots() * page_size()` bytes, opened with `O_DIRECT` where the file system allows it and re-initialised at every [`SsdStore::open`]: **the store always starts
-//!   empty**. Nothing written before a restart is ever served, because the store cannot vouch for it (SPEC
+//! * The backing file (`SsdOptions::path`, or an unnamed scratch file; opening it is `file`'s
+//!   business), `slots() * page_size()` bytes, opened with `O_DIRECT` where the file system allows it
+//!   and re-initialised at every [`SsdStore::open`]: **the store always starts empty**. Nothing written before a restart is ever served, because the store cannot vouch for it (SPEC
 //!   section 4); the old contents are discarded (the file is truncated to zero and re-extended), so a
 //!   stray read of an old slot returns zeros, never an old page. Nothing is ever `fsync`ed: the contents
 //!   need not survive a crash.
@@ -65,6 +65,7 @@ mod alloc;
 mod backend;
 mod buf;
 pub mod faults;
+pub mod file;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -76,9 +77,8 @@ use self::alloc::SlotAllocator;
 use self::backend::{PageIo, PreadIo, ReadOp};
 pub(crate) use self::buf::AlignedBuf;
 use self::faults::{FaultInjector, FaultyIo};
+use self::file::open_file;
 use self::uring::{new_ring, UringIo};
-use super::ssd_file;
-use super::ssd_file::open_file;
 use crate::config::{DirectIo, IoBackend};
 use crate::error::StoreError;
 use crossbeam_queue::ArrayQueue;
@@ -95,7 +95,7 @@ use std::thread::JoinHandle;
 #[derive(Debug, Clone)]
 pub struct SsdOptions {
     /// The backing file; created if missing, re-initialised if present. With `scratch`, the directory
-    /// in which an unnamed file is created instead (`store::ssd_file`).
+    /// in which an unnamed file is created instead (`file`).
     pub path: PathBuf,
     /// The file has no name: nothing is left behind by any exit, a crash or SIGKILL included.
     pub scratch: bool,
@@ -251,7 +251,7 @@ fn open_backend(
 impl SsdStore {
     /// Creates the file at `opts.path` (or an unnamed one in that directory with `opts.scratch`), or
     /// truncates and re-initialises it, to `slots * page_size` bytes (space is reserved with `fallocate`
-    /// where the file system supports it and is not memory-backed; `store::ssd_file`).
+    /// where the file system supports it and is not memory-backed; `file`).
     ///
     /// The store **always starts empty**: it never serves a page from before a restart, because it cannot
     /// vouch for one; the old contents are discarded.

@@ -12,7 +12,7 @@
 //! * A single read gains nothing from a ring and uses `pread`.
 
 use super::backend::{PageIo, ReadOp, WriteOp};
-use super::ssd_file::reserve;
+use super::file::reserve;
 use crossbeam_queue::ArrayQueue;
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;

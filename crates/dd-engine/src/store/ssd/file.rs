@@ -14,7 +14,8 @@
 //!   as pages are written. On a real file system the blocks are reserved, so a full disk shows up at
 //!   open rather than as failed background writes.
 
-use super::ssd::{AlignedBuf, SsdOptions};
+use super::buf::AlignedBuf;
+use super::SsdOptions;
 use crate::config::DirectIo;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -210,7 +211,7 @@ mod tests {
     fn shm_dir() -> Option<tempfile::TempDir> {
         let shm = Path::new("/dev/shm");
         if !is_memory_backed(shm).unwrap_or(false) {
-            dd_testkit::skipped(&["shm-tmpfs"], "store::ssd_file: /dev/shm is not a tmpfs here");
+            dd_testkit::skipped(&["shm-tmpfs"], "store::ssd::file: /dev/shm is not a tmpfs here");
             return None;
         }
         Some(
@@ -261,7 +262,7 @@ mod tests {
         let (file, _, _) = open_file(&options(dir.path().join("store.bin"), false), 16 * MIB).unwrap();
         let allocated = file.metadata().unwrap().blocks() * 512;
         if is_memory_backed(dir.path()).unwrap() {
-            let why = format!("store::ssd_file: {} is memory-backed", dir.path().display());
+            let why = format!("store::ssd::file: {} is memory-backed", dir.path().display());
             dd_testkit::skipped(&["odirect"], &why);
             return;
         }
