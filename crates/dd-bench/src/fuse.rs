@@ -9,6 +9,14 @@
 //! of the re-read times; the mount's own counters (first-level hits, pool hits, backing reads) are
 //! reported so that a speed-up can be traced to pool hits.
 //!
+//! With `sampling_rounds > 0` it also measures what the mount's read sampling for the provisioner
+//! (`[sampling]`, on by default) costs, two ways: end to end, more mounts on the same daemon, alternately
+//! with sampling off and on after one discarded warm-up pair, so that a drift of the machine falls on
+//! both (the ratio of the median re-read times); and in this process, the mount's own sampler
+//! (`dd_fuse::sampling::Sampled`) fed the file set's pages in the order the re-reads read them, against
+//! a copy of the same pages (the least a read through the mount does per page: the mount copies each
+//! page at least once), which resolves a cost far below the end-to-end noise.
+//!
 //! Owns: a temporary directory (backing files, mount point, configurations) and one cgroup, both removed
 //! at the end; the mount and daemon processes, which are signalled by PID, reaped, and on any error
 //! unmounted (lazily) by guards. Needs root and `/dev/fuse`.
@@ -50,6 +58,9 @@ pub struct FuseBenchOptions {
     pub backing_read_latency_us: u64,
     /// Timed re-reads after the cold pass.
     pub passes: u32,
+    /// Pairs of extra runs with the daemon (sampling off, then on) that measure the sampling's cost;
+    /// 0: none.
+    pub sampling_rounds: u32,
     /// Where the temporary backing directory goes.
     #[serde(skip)]
     pub dir: PathBuf,
@@ -65,6 +76,7 @@ impl Default for FuseBenchOptions {
             // One millisecond per request: the small-I/O latency of cloud network block storage.
             backing_read_latency_us: 1000,
             passes: 3,
+            sampling_rounds: 0,
             dir: PathBuf::from("/var/tmp"),
         }
     }
@@ -74,6 +86,8 @@ impl Default for FuseBenchOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct FuseRun {
     pub daemon: bool,
+    /// The mount sampled its reads for the provisioner (`[sampling] enabled`).
+    pub sampling: bool,
     pub cold_s: f64,
     /// Median of the timed re-read passes.
     pub reread_s: f64,
@@ -93,6 +107,64 @@ pub struct FuseBenchReport {
     pub with_daemon: FuseRun,
     /// `without_daemon.reread_s / with_daemon.reread_s`.
     pub speedup: f64,
+    /// What sampling costs (`sampling_rounds > 0`).
+    pub sampling_cost: Option<SamplingCost>,
+}
+
+/// Re-reads with the daemon, sampling off and on, in alternating runs; and the sampler's cost per page
+/// against a page copy, in this process.
+#[derive(Debug, Clone, Serialize)]
+pub struct SamplingCost {
+    /// The sampler, per page read (every pass over the file set after the first).
+    pub sampler_ns_per_page: f64,
+    /// A 4 KiB copy from a buffer the size of the file set, per page.
+    pub memcpy_ns_per_page: f64,
+    /// `sampler_ns_per_page / memcpy_ns_per_page`.
+    pub sampler_per_memcpy: f64,
+    /// Each run's median re-read time, in the order they ran.
+    pub unsampled_reread_s: Vec<f64>,
+    pub sampled_reread_s: Vec<f64>,
+    pub unsampled_median_s: f64,
+    pub sampled_median_s: f64,
+    /// `sampled_median_s / unsampled_median_s`: 1.0 means free.
+    pub ratio: f64,
+}
+
+/// The in-process half of [`SamplingCost`]: (sampler ns per page, memcpy ns per page).
+fn sampler_cost(opts: &FuseBenchOptions) -> (f64, f64) {
+    use dd_fuse::sampling::{page_key, Sampled};
+    const PAGE: usize = 4096;
+    let pages_per_file = opts.file_set_bytes / opts.files as u64 / PAGE as u64;
+    // Inode-like object ids; each file read front to back, as `cat` does.
+    let keys: Vec<u64> = (0..opts.files as u64)
+        .flat_map(|f| (0..pages_per_file).map(move |i| page_key(1000 + f, i)))
+        .collect();
+    let passes = (opts.passes.max(1) + 1) as usize;
+    // Defaults of `[sampling]` (max_samples 8192); the first pass fills the model, as the cold pass does.
+    let s = Sampled::new(8192, 1);
+    keys.iter().for_each(|&k| s.access(k));
+    let t = Instant::now();
+    for _ in 1..passes {
+        keys.iter().for_each(|&k| s.access(std::hint::black_box(k)));
+    }
+    let sampler = t.elapsed().as_nanos() as f64 / (keys.len() * (passes - 1)).max(1) as f64;
+    let src = vec![7u8; keys.len() * PAGE];
+    let mut dst = vec![0u8; PAGE];
+    let t = Instant::now();
+    for _ in 1..passes {
+        for chunk in src.chunks_exact(PAGE) {
+            dst.copy_from_slice(std::hint::black_box(chunk));
+            std::hint::black_box(&mut dst);
+        }
+    }
+    let memcpy = t.elapsed().as_nanos() as f64 / (keys.len() * (passes - 1)).max(1) as f64;
+    (sampler, memcpy)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// A mount process, unmounted and reaped whatever happens.
@@ -195,6 +267,7 @@ fn run_one(
     parent: &Path,
     daemon: Option<&Daemon>,
     vm: &BenchVm,
+    sampling: bool,
 ) -> Result<FuseRun, FuseBenchError> {
     let (back, mnt) = (work.join("back"), work.join("mnt"));
     let state = work.join("pools.json");
@@ -220,6 +293,9 @@ fn run_one(
         w.round()?;
         watcher = Some(w);
         cfg.push_str(&daemon_toml);
+    }
+    if !sampling {
+        cfg.push_str("[sampling]\nenabled = false\n");
     }
     let cfg_path = work.join("mount.toml");
     std::fs::write(&cfg_path, cfg)?;
@@ -252,8 +328,7 @@ fn run_one(
     if let Some(w) = watcher {
         w.shutdown()?;
     }
-    times.sort_by(f64::total_cmp);
-    let reread_s = times[times.len() / 2];
+    let reread_s = median(&times);
     let c = stats["containers"]
         .as_array()
         .and_then(|v| v.iter().find(|c| c["name"] == "bench"))
@@ -262,6 +337,7 @@ fn run_one(
     let n = |k: &str| c[k].as_u64().unwrap_or(0);
     Ok(FuseRun {
         daemon: daemon.is_some(),
+        sampling,
         cold_s,
         reread_s,
         reread_mib_per_s: opts.file_set_bytes as f64 / (1 << 20) as f64 / reread_s,
@@ -301,7 +377,7 @@ pub fn run(
     std::fs::create_dir(parent.join("bench"))?;
     let vm = BenchVm::new(1);
     progress("without the daemon");
-    let without = run_one(opts, work.path(), &parent, None, &vm)?;
+    let without = run_one(opts, work.path(), &parent, None, &vm, true)?;
     progress("with the daemon");
     let d = Daemon::start(&DaemonOptions {
         exe: opts.exe.clone(),
@@ -310,12 +386,40 @@ pub fn run(
         vms: vec![vm.clone()],
         extra_toml: String::new(),
     })?;
-    let with = run_one(opts, work.path(), &parent, Some(&d), &vm)?;
+    let with = run_one(opts, work.path(), &parent, Some(&d), &vm, true)?;
+    let mut sampling_cost = None;
+    if opts.sampling_rounds > 0 {
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        // Round 0 warms the machine up and is not counted (the first runs after the daemon's start
+        // were up to 1.6x slower than the later ones).
+        for round in 0..=opts.sampling_rounds {
+            progress(&format!("sampling cost, round {round} of {} (0: warm-up)", opts.sampling_rounds));
+            let a = run_one(opts, work.path(), &parent, Some(&d), &vm, false)?.reread_s;
+            let b = run_one(opts, work.path(), &parent, Some(&d), &vm, true)?.reread_s;
+            if round > 0 {
+                off.push(a);
+                on.push(b);
+            }
+        }
+        let (unsampled_median_s, sampled_median_s) = (median(&off), median(&on));
+        let (sampler_ns_per_page, memcpy_ns_per_page) = sampler_cost(opts);
+        sampling_cost = Some(SamplingCost {
+            sampler_ns_per_page,
+            memcpy_ns_per_page,
+            sampler_per_memcpy: sampler_ns_per_page / memcpy_ns_per_page,
+            unsampled_reread_s: off,
+            sampled_reread_s: on,
+            unsampled_median_s,
+            sampled_median_s,
+            ratio: sampled_median_s / unsampled_median_s,
+        });
+    }
     Ok(FuseBenchReport {
         parameters: opts.clone(),
         cgroup_version: version,
         speedup: without.reread_s / with.reread_s,
         without_daemon: without,
         with_daemon: with,
+        sampling_cost,
     })
 }
