@@ -303,14 +303,14 @@ async fn host_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engin
     Ok(Json(blocking(&s, |s| Ok(s.cache.host_stats())).await?))
 }
 
-fn coop_of(s: &ServerState) -> ApiResult<std::sync::Arc<crate::coop::Coop>> {
+fn coop_of(s: &ServerState) -> ApiResult<std::sync::Arc<dyn crate::coop_types::CoopHandle>> {
     s.coop
         .get()
         .cloned()
         .ok_or_else(|| err(StatusCode::NOT_FOUND, "not_found", "co-operative de-duplication is not enabled"))
 }
 
-async fn coop_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<crate::coop::CoopReport>> {
+async fn coop_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<crate::coop_types::CoopReport>> {
     host_auth(&s, &headers)?;
     Ok(Json(coop_of(&s)?.report()))
 }

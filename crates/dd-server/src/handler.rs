@@ -10,7 +10,7 @@
 //! connection closes after it); nothing here panics on any input; a failed request has no effect.
 //!
 //! I/O: none, except that with co-operative de-duplication a get that misses locally on a remotified
-//! page fetches it from its peer ([`crate::coop::Coop::fetch`], bounded by the request timeout; the
+//! page fetches it from its peer ([`crate::coop_types::CoopHandle::fetch`], bounded by the request timeout; the
 //! connection loop runs handlers inside `block_in_place` then). No engine lock is held meanwhile.
 
 use crate::auth::Registration;

@@ -21,6 +21,7 @@ pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod coop;
+pub mod coop_types;
 pub mod etcd;
 pub mod handler;
 pub mod handshake;

@@ -89,7 +89,7 @@ impl Metrics {
         &self,
         stats: &HostStats,
         ssd: Option<&dd_engine::store::ssd::SsdIoStats>,
-        coop: Option<&crate::coop::CoopReport>,
+        coop: Option<&crate::coop_types::CoopReport>,
     ) -> String {
         let mut reg = Registry::default();
         let requests = Family::<Labels, Counter>::default();

@@ -1,5 +1,6 @@
 //! The state every part of the daemon shares: the engine, the token registry and its registrations
-//! file, the daemon's instance id, the metrics, the limits and the shutdown flag.
+//! file, the daemon's instance id, the metrics, the limits, the shutdown flag and, once started, the
+//! co-operative layer (as a `coop_types::CoopHandle`: `coop` imports this module, not the reverse).
 //!
 //! The **instance id** is a random non-zero 64-bit number drawn at every start and returned by HELLO
 //! (protocol version 2): the engine starts empty, so a client that sees a new id knows that every pool
@@ -19,6 +20,7 @@
 use crate::admission::Admission;
 use crate::auth::{Registration, Registry};
 use crate::config::{ServerConfig, VmConfig};
+use crate::coop_types::CoopHandle;
 use crate::metrics::Metrics;
 use crate::persist::{Persisted, Record};
 use crate::ServerError;
@@ -59,7 +61,7 @@ pub struct ServerState {
     /// tasks use `block_in_place` too.
     pub coop_enabled: bool,
     /// The co-operative layer, once started by [`crate::run`].
-    pub coop: std::sync::OnceLock<std::sync::Arc<crate::coop::Coop>>,
+    pub coop: std::sync::OnceLock<std::sync::Arc<dyn CoopHandle>>,
     shutting_down: AtomicBool,
     /// De-duplication group names and their engine numbers; each VM's group name (leaves).
     dedup_groups: parking_lot::Mutex<std::collections::HashMap<String, u32>>,

@@ -36,6 +36,7 @@
 //! peer (the engine only pushes to the job queue).
 
 use crate::config::{CoopConfig, Membership};
+use crate::coop_types::{CoopHandle, CoopReport};
 use crate::state::ServerState;
 use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
 use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
@@ -54,7 +55,7 @@ mod listener;
 mod report;
 
 pub use listener::serve_peer;
-pub use report::{CoopReport, CoopStats, LatencyReport, PeerReport};
+pub use report::CoopStats;
 
 enum Job {
     Remotify(Evicted),
@@ -171,6 +172,25 @@ pub struct Coop {
     queue: Arc<JobQueue>,
     pub stats: Arc<CoopStats>,
     state: Weak<ServerState>,
+}
+
+/// How the rest of the daemon reaches the layer (`coop_types`): Coop's own methods of the same names.
+impl CoopHandle for Coop {
+    fn fetch(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
+        Coop::fetch(self, r, out)
+    }
+    fn release(&self, r: RemoteRef) {
+        Coop::release(self, r)
+    }
+    fn report(&self) -> CoopReport {
+        Coop::report(self)
+    }
+    fn publish(&self) -> usize {
+        Coop::publish(self)
+    }
+    fn close(&self) {
+        Coop::close(self)
+    }
 }
 
 impl std::fmt::Debug for Coop {

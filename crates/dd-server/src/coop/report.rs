@@ -1,10 +1,11 @@
-//! Co-operative de-duplication's counters and the report the admin API and `/metrics` show
-//! (`GET /v1/host/coop`). Counters are relaxed atomics (each is independent); latencies are HDR
-//! histograms behind a mutex taken only to record one value or to report.
+//! Co-operative de-duplication's counters, and the snapshot of them the admin API and `/metrics` show
+//! (`Coop::report`, `GET /v1/host/coop`; the report's types are in `coop_types`). Counters are
+//! relaxed atomics (each is independent); latencies are HDR histograms behind a mutex taken only to
+//! record one value or to report.
 
 use super::Coop;
+use crate::coop_types::{CoopReport, LatencyReport, PeerReport};
 use parking_lot::Mutex;
-use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -72,65 +73,6 @@ impl Latency {
             p99_us: self.0.value_at_quantile(0.99),
         }
     }
-}
-
-/// Percentiles of a latency histogram (0 when empty).
-#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct LatencyReport {
-    pub count: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-}
-
-/// A snapshot of [`CoopStats`] plus the peers, for the admin API.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct CoopReport {
-    pub node_name: String,
-    /// This daemon's public key (base64), which the other members list for it.
-    pub public_key: String,
-    pub epoch: u64,
-    pub offered: u64,
-    pub queued: u64,
-    pub dropped: u64,
-    pub remotified: u64,
-    pub no_candidate: u64,
-    pub compare_mismatches: u64,
-    pub remotify_errors: u64,
-    pub stale_installs: u64,
-    pub remote_gets_hit: u64,
-    pub remote_gets_missed: u64,
-    pub unpins_sent: u64,
-    pub summaries_sent: u64,
-    pub summaries_received: u64,
-    pub compares_served: u64,
-    pub remote_dedups: u64,
-    pub fetches_served: u64,
-    pub pins_held: u64,
-    pub pins_released_epoch: u64,
-    pub pins_released_ttl: u64,
-    pub references_dropped: u64,
-    pub peer_failures: u64,
-    pub auth_failures: u64,
-    /// Successful remotifications: offer taken to pin installed.
-    pub remotify_latency: LatencyReport,
-    /// Remotified gets that hit: the peer fetch.
-    pub remote_get_latency: LatencyReport,
-    pub peers: Vec<PeerReport>,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct PeerReport {
-    pub name: String,
-    pub addr: String,
-    /// In the membership now.
-    pub active: bool,
-    /// Whether a summary from it is held, and its age.
-    pub summary_age_ms: Option<u64>,
-    /// Pins this daemon holds for it.
-    pub pins_held_for: u64,
-    /// Milliseconds left of its back-off after a failed request (no request goes to it until then; a
-    /// publication ends the back-off early); 0 when it is not backed off.
-    pub backoff_ms: u64,
 }
 
 impl Coop {
