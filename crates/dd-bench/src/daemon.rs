@@ -1,4 +1,7 @@
-//! A real `doubledecker serve` process for the benchmarks that drive the daemon (`server`, `soak`).
+//! A real `doubledecker serve` process for the benchmarks that drive the daemon (`server`, `soak`), and
+//! the two pieces the integration tests' harness (`crates/doubledecker/tests/common`) starts its daemons
+//! with too, so that there is one way to configure and start a daemon: [`ServeConfig`] (the
+//! configuration file) and [`spawn_serve`] (spawn, then wait for the ready file).
 //!
 //! Owns: the child process, its temporary data folder and configuration, and the addresses it bound.
 //! The daemon is started from the binary path the caller gives (the CLI passes its own executable), on
@@ -62,6 +65,120 @@ impl BenchVm {
 /// The host admin token of a benchmark daemon.
 pub const HOST_TOKEN: &str = "bench-host-admin-token-000001";
 
+/// A daemon's configuration file: loopback listeners on ephemeral ports, a ready file, a host token,
+/// the memory store, optionally the SSD store, and the VMs. The tests and the benchmarks differ only in
+/// the fields here.
+#[derive(Debug, Clone)]
+pub struct ServeConfig<'a> {
+    pub data_dir: &'a Path,
+    pub ready_file: &'a Path,
+    /// `listen.unix_socket` ("" : no Unix socket; a relative path is under `data_dir`).
+    pub unix_socket: &'a str,
+    pub host_token: &'a str,
+    /// Top-level keys, written before any table.
+    pub top: &'a str,
+    /// The `[engine.mem]` table's body.
+    pub mem: &'a str,
+    /// The `[engine.ssd]` table's body; `None`: no such table.
+    pub ssd: Option<&'a str>,
+    /// Tables appended after the engine's.
+    pub extra: &'a str,
+    /// `(id, data token, admin token, dedup group)` of each `[[vms]]` entry.
+    pub vms: Vec<(u32, &'a str, &'a str, &'a str)>,
+}
+
+impl ServeConfig<'_> {
+    pub fn to_toml(&self) -> String {
+        let mut cfg = format!(
+            "data_dir = {:?}\n{}[listen]\nunix_socket = {:?}\ntcp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             ready_file = {:?}\n[auth]\nhost_admin_token = {:?}\n[engine.mem]\n{}",
+            self.data_dir.display().to_string(),
+            self.top,
+            self.unix_socket,
+            self.ready_file.display().to_string(),
+            self.host_token,
+            self.mem,
+        );
+        if let Some(ssd) = self.ssd {
+            cfg.push_str("[engine.ssd]\n");
+            cfg.push_str(ssd);
+        }
+        cfg.push_str(self.extra);
+        cfg.push('\n');
+        for (id, data, admin, group) in &self.vms {
+            cfg.push_str(&format!("[[vms]]\nid = {id}\ndata_token = {data:?}\nadmin_token = {admin:?}\n"));
+            // Only when set (the default is ""), so that an older daemon (a test's DD_TEST_BINARY)
+            // starts too.
+            if !group.is_empty() {
+                cfg.push_str(&format!("dedup_group = {group:?}\n"));
+            }
+        }
+        cfg
+    }
+}
+
+/// What a daemon's ready file says it bound.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    pub tcp: SocketAddr,
+    pub admin: SocketAddr,
+    /// The Unix socket's path, when it listens on one.
+    pub unix: Option<PathBuf>,
+}
+
+/// Spawns `exe serve --config cfg` and waits for its ready file (a bound on start-up of 60 s, which
+/// opening a large SSD file can take, not a timing assertion). On an error the child is killed and
+/// reaped.
+pub fn spawn_serve(
+    exe: &Path,
+    cfg: &Path,
+    ready: &Path,
+    stdout: Stdio,
+    stderr: Stdio,
+) -> Result<(Child, Bound), DaemonError> {
+    let mut child = Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .map_err(|source| DaemonError::Spawn { exe: exe.display().to_string(), source })?;
+    match wait_ready(&mut child, ready) {
+        Ok(b) => Ok((child, b)),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+    }
+}
+
+fn wait_ready(child: &mut Child, ready: &Path) -> Result<Bound, DaemonError> {
+    let limit = Duration::from_secs(60);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(t) = std::fs::read_to_string(ready) {
+            let v: serde_json::Value =
+                serde_json::from_str(&t).map_err(|e| DaemonError::ReadyFile(e.to_string()))?;
+            let addr = |k: &str| -> Result<SocketAddr, DaemonError> {
+                v[k].as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| DaemonError::ReadyFile(format!("no {k} address in {t}")))
+            };
+            let unix = v["unix"].as_str().filter(|s| !s.is_empty()).map(PathBuf::from);
+            return Ok(Bound { tcp: addr("tcp")?, admin: addr("admin")?, unix });
+        }
+        if let Some(st) = child.try_wait()? {
+            return Err(DaemonError::Exited(st));
+        }
+        if Instant::now() > deadline {
+            return Err(DaemonError::NotReady(limit));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// What the daemon is started with.
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -90,73 +207,28 @@ impl Daemon {
     pub fn start(opts: &DaemonOptions) -> Result<Daemon, DaemonError> {
         let dir = tempfile::Builder::new().prefix("dd-bench-daemon.").tempdir()?;
         let ready = dir.path().join("ready.json");
-        let mut cfg = format!(
-            "data_dir = {:?}\nssd_enabled = {}\n[listen]\nunix_socket = \"\"\ntcp = \"127.0.0.1:0\"\n\
-             admin = \"127.0.0.1:0\"\nready_file = {:?}\n[auth]\nhost_admin_token = {HOST_TOKEN:?}\n\
-             [engine.mem]\ncapacity_bytes = {}\n",
-            dir.path().display().to_string(),
-            opts.ssd_capacity_bytes > 0,
-            ready.display().to_string(),
-            opts.mem_capacity_bytes,
-        );
-        if opts.ssd_capacity_bytes > 0 {
-            cfg.push_str(&format!("[engine.ssd]\ncapacity_bytes = {}\n", opts.ssd_capacity_bytes));
-        }
-        cfg.push_str(&opts.extra_toml);
-        cfg.push('\n');
-        for v in &opts.vms {
-            cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\ndedup_group = {:?}\n",
-                v.id, v.data_token, v.admin_token, v.dedup_group
-            ));
-        }
-        let cfg_path = dir.path().join("dd.toml");
-        std::fs::write(&cfg_path, cfg)?;
-        let child = Command::new(&opts.exe)
-            .args(["serve", "--config"])
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|source| DaemonError::Spawn { exe: opts.exe.display().to_string(), source })?;
-        let pid = child.id();
-        let mut d = Daemon {
-            child: Some(child),
-            _dir: dir,
-            tcp: "127.0.0.1:0".parse().expect("literal"),
-            admin: "127.0.0.1:0".parse().expect("literal"),
-            pid,
+        let top = format!("ssd_enabled = {}\n", opts.ssd_capacity_bytes > 0);
+        let mem = format!("capacity_bytes = {}\n", opts.mem_capacity_bytes);
+        let ssd = format!("capacity_bytes = {}\n", opts.ssd_capacity_bytes);
+        let cfg = ServeConfig {
+            data_dir: dir.path(),
+            ready_file: &ready,
+            unix_socket: "",
+            host_token: HOST_TOKEN,
+            top: &top,
+            mem: &mem,
+            ssd: (opts.ssd_capacity_bytes > 0).then_some(ssd.as_str()),
+            extra: &opts.extra_toml,
+            vms: opts
+                .vms
+                .iter()
+                .map(|v| (v.id, v.data_token.as_str(), v.admin_token.as_str(), v.dedup_group.as_str()))
+                .collect(),
         };
-        let (tcp, admin) = d.wait_ready(&ready)?;
-        d.tcp = tcp;
-        d.admin = admin;
-        Ok(d)
-    }
-
-    fn wait_ready(&mut self, ready: &Path) -> Result<(SocketAddr, SocketAddr), DaemonError> {
-        // A bound on start-up time (opening a large SSD file can take a while), not a timing assertion.
-        let limit = Duration::from_secs(60);
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Ok(t) = std::fs::read_to_string(ready) {
-                let v: serde_json::Value =
-                    serde_json::from_str(&t).map_err(|e| DaemonError::ReadyFile(e.to_string()))?;
-                let addr = |k: &str| -> Result<SocketAddr, DaemonError> {
-                    v[k].as_str()
-                        .and_then(|s| s.parse().ok())
-                        .ok_or_else(|| DaemonError::ReadyFile(format!("no {k} address in {t}")))
-                };
-                return Ok((addr("tcp")?, addr("admin")?));
-            }
-            if let Some(st) = self.child.as_mut().expect("running").try_wait()? {
-                self.child = None;
-                return Err(DaemonError::Exited(st));
-            }
-            if Instant::now() > deadline {
-                return Err(DaemonError::NotReady(limit));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let cfg_path = dir.path().join("dd.toml");
+        std::fs::write(&cfg_path, cfg.to_toml())?;
+        let (child, bound) = spawn_serve(&opts.exe, &cfg_path, &ready, Stdio::null(), Stdio::inherit())?;
+        Ok(Daemon { pid: child.id(), child: Some(child), _dir: dir, tcp: bound.tcp, admin: bound.admin })
     }
 
     /// Whether the process is still running (not exited).
@@ -275,6 +347,32 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), ports.len(), "{ports:?}");
+    }
+
+    #[test]
+    fn serve_config_puts_each_field_in_its_table() {
+        let cfg = ServeConfig {
+            data_dir: Path::new("/tmp/d"),
+            ready_file: Path::new("/tmp/d/ready.json"),
+            unix_socket: "dd.sock",
+            host_token: "t",
+            top: "ssd_enabled = false\n",
+            mem: "capacity_bytes = 4096\n",
+            ssd: None,
+            extra: "[limits]\nmax_connections = 8\n",
+            vms: vec![(1, "d1", "a1", ""), (2, "d2", "a2", "g")],
+        };
+        let v: toml::Value = toml::from_str(&cfg.to_toml()).unwrap();
+        assert_eq!(v["ssd_enabled"].as_bool(), Some(false));
+        assert_eq!(v["listen"]["unix_socket"].as_str(), Some("dd.sock"));
+        assert_eq!(v["listen"]["ready_file"].as_str(), Some("/tmp/d/ready.json"));
+        assert_eq!(v["engine"]["mem"]["capacity_bytes"].as_integer(), Some(4096));
+        assert!(v["engine"].get("ssd").is_none());
+        assert_eq!(v["limits"]["max_connections"].as_integer(), Some(8));
+        let vms = v["vms"].as_array().unwrap();
+        assert_eq!(vms.len(), 2);
+        assert!(vms[0].get("dedup_group").is_none(), "an empty group is left to the default");
+        assert_eq!(vms[1]["dedup_group"].as_str(), Some("g"));
     }
 
     #[test]

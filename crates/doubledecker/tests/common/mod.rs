@@ -1,12 +1,13 @@
 //! Test harness: starts the real `doubledecker serve` binary on a temporary data folder with
-//! ephemeral ports, reads its ready file, and stops it with SIGTERM.
+//! ephemeral ports, reads its ready file, and stops it with SIGTERM. The configuration file and the
+//! start-up are the benchmarks' (`dd_bench::daemon::{ServeConfig, spawn_serve}`): one way to start a
+//! daemon for both; this module adds what tests need on top (Unix socket, restarts, logs, clients).
 #![allow(dead_code)]
 
 pub mod raw;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Stdio};
 
 pub const HOST_TOKEN: &str = "host-admin-token-for-tests-0001";
 
@@ -72,24 +73,21 @@ impl Daemon {
     fn start_inner(vms: &[&TestVm], top: &str, mem: &str, extra: &str, logged: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
-        let mut cfg = format!(
-            "data_dir = {:?}\n{top}[listen]\nunix_socket = \"dd.sock\"\ntcp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
-             ready_file = {:?}\n[auth]\nhost_admin_token = {HOST_TOKEN:?}\n[engine.mem]\n{mem}\
-             [engine.ssd]\ncapacity_bytes = 16777216\n",
-            dir.path().display().to_string(),
-            ready.display().to_string()
-        );
-        cfg.push_str(extra);
-        for v in vms {
-            cfg.push_str(&format!(
-                "[[vms]]\nid = {}\ndata_token = {:?}\nadmin_token = {:?}\n",
-                v.id, v.data_token, v.admin_token
-            ));
-            // Only when set (the default is ""), so that an older daemon (DD_TEST_BINARY) starts too.
-            if !v.dedup_group.is_empty() {
-                cfg.push_str(&format!("dedup_group = {:?}\n", v.dedup_group));
-            }
+        let cfg = dd_bench::daemon::ServeConfig {
+            data_dir: dir.path(),
+            ready_file: &ready,
+            unix_socket: "dd.sock",
+            host_token: HOST_TOKEN,
+            top,
+            mem,
+            ssd: Some("capacity_bytes = 16777216\n"),
+            extra,
+            vms: vms
+                .iter()
+                .map(|v| (v.id, v.data_token.as_str(), v.admin_token.as_str(), v.dedup_group.as_str()))
+                .collect(),
         }
+        .to_toml();
         let cfg_path = dir.path().join("dd.toml");
         std::fs::write(&cfg_path, cfg).expect("write config");
         let stderr = if logged {
@@ -100,9 +98,9 @@ impl Daemon {
         let (child, bound) = spawn_and_wait(&cfg_path, &ready, stderr);
         Daemon {
             child: Some(child),
-            tcp: bound["tcp"].as_str().unwrap().parse().unwrap(),
-            unix: PathBuf::from(bound["unix"].as_str().unwrap()),
-            admin: format!("http://{}", bound["admin"].as_str().unwrap()),
+            tcp: bound.tcp,
+            unix: bound.unix.expect("the test daemon listens on a Unix socket"),
+            admin: format!("http://{}", bound.admin),
             dir,
         }
     }
@@ -134,8 +132,8 @@ impl Daemon {
         };
         let (child, bound) = spawn_and_wait(&self.dir.path().join("dd.toml"), &ready, stderr);
         self.child = Some(child);
-        self.tcp = bound["tcp"].as_str().unwrap().parse().unwrap();
-        self.admin = format!("http://{}", bound["admin"].as_str().unwrap());
+        self.tcp = bound.tcp;
+        self.admin = format!("http://{}", bound.admin);
     }
 
     pub fn tcp_client(&self, v: &TestVm) -> dd_client::Client {
@@ -204,31 +202,14 @@ pub fn dd_bin() -> std::path::PathBuf {
 }
 
 /// Starts `doubledecker serve --config cfg` and waits for its ready file (written atomically once every
-/// listener is bound). The wait is a bound on start-up, not a timing assertion.
+/// listener is bound); the daemon's stdout is the test's.
 fn spawn_and_wait(
     cfg: &std::path::Path,
     ready: &std::path::Path,
     stderr: Stdio,
-) -> (Child, serde_json::Value) {
-    let mut child = Command::new(dd_bin())
-        .args(["serve", "--config"])
-        .arg(cfg)
-        .stdin(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("start doubledecker serve");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let bound = loop {
-        if let Ok(t) = std::fs::read_to_string(ready) {
-            break serde_json::from_str(&t).expect("ready file is JSON");
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the daemon exited before it was ready ({status}); its stderr is above");
-        }
-        assert!(Instant::now() < deadline, "daemon did not become ready");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (child, bound)
+) -> (Child, dd_bench::daemon::Bound) {
+    dd_bench::daemon::spawn_serve(&dd_bin(), cfg, ready, Stdio::inherit(), stderr)
+        .unwrap_or_else(|e| panic!("start doubledecker serve: {e}"))
 }
 
 impl Drop for Daemon {
