@@ -1,20 +1,21 @@
 //! The server side of the peer protocol: the handshake (HELLO and AUTH: a peer proves the name it
 //! claims with the key the membership lists for it, `dd_coop::identity`), then one authenticated
 //! peer's requests (summaries, remote compares that pin frames for it, fetches and unpins of its own
-//! pins), and the pins held per peer (released on a new epoch, after `pin_ttl_ms` of silence, or when
-//! unpinned).
+//! pins), and the calls into the pins held per peer (released on a new epoch, after `pin_ttl_ms` of
+//! silence, or when unpinned: the rules are `dd_coop::pins::PinTable`'s; this module holds its lock and
+//! makes the engine calls).
 //!
 //! Pin handles are random 64-bit numbers, kept per owner: a handle means something only to the
 //! authenticated node it was granted to, so no node can fetch or release another's pins by guessing.
-//! Lock order: `owners` is taken alone (engine calls on the pins happen after it is released).
+//! Lock order: `owners` is taken alone, or with `rng` inside it to draw a handle (engine calls on the
+//! pins happen after it is released).
 
-use super::{Coop, Owner, Summary};
+use super::{Coop, Summary};
 use crate::state::ServerState;
 use dd_coop::identity::{Role, Transcript, NONCE_LEN};
 use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
 use dd_coop::{BloomConfig, BloomFilter};
 use rand::RngCore;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,19 +23,7 @@ use std::time::{Duration, Instant};
 impl Coop {
     pub(super) fn expire_owners(&self) {
         let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
-        let expired: Vec<u64> = {
-            let mut owners = self.owners.lock();
-            let dead: Vec<String> = owners
-                .iter()
-                .filter(|(_, o)| o.last_heard.elapsed() >= ttl)
-                .map(|(n, _)| n.clone())
-                .collect();
-            dead.iter()
-                .flat_map(|n| {
-                    owners.remove(n).map(|o| o.pins.into_values().collect::<Vec<_>>()).unwrap_or_default()
-                })
-                .collect()
-        };
+        let expired = self.owners.lock().expire(Instant::now(), ttl);
         if let Some(state) = self.state.upgrade() {
             for pin in &expired {
                 state.cache.unpin(*pin);
@@ -82,23 +71,13 @@ impl Coop {
                 let mut handle = None;
                 if let Some(pin) = pin {
                     self.stats.remote_dedups.fetch_add(1, Ordering::Relaxed);
-                    let mut owners = self.owners.lock();
-                    match owners.get_mut(from) {
-                        Some(o) => {
-                            // An unguessable handle, meaningful only among this owner's pins.
-                            let h = loop {
-                                let h = self.rng.lock().next_u64();
-                                if h != 0 && !o.pins.contains_key(&h) {
-                                    break h;
-                                }
-                            };
-                            o.pins.insert(h, pin);
-                            handle = Some(h);
-                        }
-                        None => {
+                    // An unguessable handle, meaningful only among this owner's pins.
+                    let granted = self.owners.lock().grant(from, pin, || self.rng.lock().next_u64());
+                    match granted {
+                        Ok(h) => handle = Some(h),
+                        Err(_) => {
                             // The owner entry went away (TTL) between HELLO and now: do not keep a pin
                             // nobody can release.
-                            drop(owners);
                             state.cache.unpin(pin);
                             return wire::encode_error(
                                 h.op,
@@ -114,7 +93,7 @@ impl Coop {
             }
             PeerRequest::Fetch { pin } => {
                 self.stats.fetches_served.fetch_add(1, Ordering::Relaxed);
-                let owned = self.owners.lock().get(from).and_then(|o| o.pins.get(&pin).copied());
+                let owned = self.owners.lock().lookup(from, pin);
                 let mut page = vec![0u8; self.page_size];
                 if owned.is_some_and(|pin| state.cache.read_pin(pin, &mut page)) {
                     PeerResponse::Fetched(Some(&page)).encode(h.op, h.request_id, out);
@@ -123,13 +102,7 @@ impl Coop {
                 PeerResponse::Fetched(None)
             }
             PeerRequest::Unpin { pins } => {
-                let mine: Vec<u64> = {
-                    let mut owners = self.owners.lock();
-                    match owners.get_mut(from) {
-                        Some(o) => pins.into_iter().filter_map(|h| o.pins.remove(&h)).collect(),
-                        None => Vec::new(),
-                    }
-                };
+                let mine = self.owners.lock().unpin(from, pins);
                 for p in &mine {
                     state.cache.unpin(*p);
                 }
@@ -140,29 +113,13 @@ impl Coop {
     }
 
     fn touch(&self, from: &str) {
-        if let Some(o) = self.owners.lock().get_mut(from) {
-            o.last_heard = Instant::now();
-        }
+        self.owners.lock().touch(from, Instant::now());
     }
 
     /// A peer proved its name (HELLO and AUTH): a new epoch means it restarted and holds none of its
     /// old references. Only an authenticated peer gets here, so nobody else can release its pins.
     fn hello(&self, state: &ServerState, from: &str, epoch: u64) {
-        let released: Vec<u64> = {
-            let mut owners = self.owners.lock();
-            let o = owners.entry(from.to_string()).or_insert_with(|| Owner {
-                epoch,
-                pins: HashMap::new(),
-                last_heard: Instant::now(),
-            });
-            o.last_heard = Instant::now();
-            if o.epoch != epoch {
-                o.epoch = epoch;
-                o.pins.drain().map(|(_, pin)| pin).collect()
-            } else {
-                Vec::new()
-            }
-        };
+        let released = self.owners.lock().hello(from, epoch, Instant::now());
         for p in &released {
             state.cache.unpin(*p);
         }

@@ -39,6 +39,7 @@ use crate::config::{CoopConfig, Membership};
 use crate::coop_types::{CoopHandle, CoopReport};
 use crate::state::ServerState;
 use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
+use dd_coop::pins::PinTable;
 use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
 use dd_coop::BloomFilter;
 use dd_engine::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
@@ -126,13 +127,6 @@ struct Peer {
     log: Mutex<(Option<Instant>, u64)>,
 }
 
-/// Pins held for one (authenticated) peer: its handles, each naming an engine pin.
-struct Owner {
-    epoch: u64,
-    pins: HashMap<u64, u64>,
-    last_heard: Instant,
-}
-
 /// Why a peer request failed (all of them end in a miss or a plain eviction).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -164,7 +158,8 @@ pub struct Coop {
     epoch: u64,
     page_size: usize,
     peers: RwLock<Vec<Arc<Peer>>>,
-    owners: Mutex<HashMap<String, Owner>>,
+    /// The pins this daemon holds for its peers (`dd_coop::pins`: the rules; here only the lock).
+    owners: Mutex<PinTable>,
     /// Unpins that failed on the network, by (peer, epoch): sent again at every publication, so a pin
     /// held by a peer that was unreachable for a while is released once it is back (a restarted peer
     /// has dropped them itself: another epoch answers `EpochChanged` and they are forgotten).
@@ -272,7 +267,7 @@ impl Coop {
             epoch,
             page_size: state.cache.page_size(),
             peers: RwLock::new(Vec::new()),
-            owners: Mutex::new(HashMap::new()),
+            owners: Mutex::new(PinTable::new()),
             retry_unpins: Mutex::new(HashMap::new()),
             queue: queue.clone(),
             stats,

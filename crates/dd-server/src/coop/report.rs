@@ -90,7 +90,7 @@ impl Coop {
                 addr: p.addr.read().clone(),
                 active: p.active.load(Ordering::Relaxed),
                 summary_age_ms: p.summary.read().as_ref().map(|s| s.received.elapsed().as_millis() as u64),
-                pins_held_for: owners.get(&p.name).map_or(0, |o| o.pins.len() as u64),
+                pins_held_for: owners.pins_of(&p.name) as u64,
                 backoff_ms: p
                     .down_until
                     .lock()
@@ -117,7 +117,7 @@ impl Coop {
             compares_served: l(&s.compares_served),
             remote_dedups: l(&s.remote_dedups),
             fetches_served: l(&s.fetches_served),
-            pins_held: owners.values().map(|o| o.pins.len() as u64).sum(),
+            pins_held: owners.len() as u64,
             pins_released_epoch: l(&s.pins_released_epoch),
             pins_released_ttl: l(&s.pins_released_ttl),
             references_dropped: l(&s.references_dropped),
