@@ -5,13 +5,17 @@
 //! peer that probably holds equal content. This crate holds the parts that do not depend on the engine
 //! or on sockets: the summaries ([`bloom`]), the peer-to-peer wire format ([`wire`]) and the
 //! per-node identities peers prove in their handshake ([`identity`]) and the pin table a daemon
-//! keeps for its peers ([`pins`]: the state machine, time passed in). The daemon's
+//! keeps for its peers ([`pins`]: the state machine, time passed in), the client side's decisions
+//! ([`peers`]: peer choice, back-off, unpin retries, the accept rule of a remotified get) and the
+//! [`transport`] trait they send requests through. The daemon's
 //! peer listener, client and remotifier are in `dd-server`'s `coop` module.
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod bloom;
 pub mod identity;
+pub mod peers;
 pub mod pins;
+pub mod transport;
 pub mod wire;
 
 pub use bloom::{BloomConfig, BloomFilter, Removal};

@@ -31,6 +31,11 @@
 //! request timeouts, a peer that failed is skipped for `peer_backoff_ms`, and fetched bytes are checked
 //! against the epoch and the content hash.
 //!
+//! The decisions (which peers to ask, back-off, the unpins to retry, the accept rule of a remotified
+//! get, the pin table held for peers) are `dd_coop::peers` and `dd_coop::pins`, unit-tested there over
+//! a fake network; this module holds their state behind its locks, implements their
+//! [`PeerTransport`] over the pooled connections, and makes the engine calls.
+//!
 //! Locks: `peers`, each peer's connection pool and summary, `owners` and the job queue are leaves; none
 //! is held across network I/O or an engine call, and no engine lock is ever held while waiting for a
 //! peer (the engine only pushes to the job queue).
@@ -39,8 +44,10 @@ use crate::config::{CoopConfig, Membership};
 use crate::coop_types::{CoopHandle, CoopReport};
 use crate::state::ServerState;
 use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
+use dd_coop::peers::{self, Backoff, Granted, SearchOutcome, UnpinQueue};
 use dd_coop::pins::PinTable;
-use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
+use dd_coop::transport::{PeerTransport, TransportError};
+use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
 use dd_coop::BloomFilter;
 use dd_engine::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -119,7 +126,8 @@ struct Peer {
     active: AtomicBool,
     conns: Mutex<Vec<Conn>>,
     summary: RwLock<Option<Summary>>,
-    down_until: Mutex<Option<Instant>>,
+    /// Skipped after a failure (`dd_coop::peers::Backoff`: the rule; here its lock).
+    backoff: Mutex<Backoff>,
     /// The peer's epoch as last seen at a connect (0: never reached).
     epoch: AtomicU64,
     /// The last successful request, and the last failure logged with the failures since.
@@ -163,7 +171,7 @@ pub struct Coop {
     /// Unpins that failed on the network, by (peer, epoch): sent again at every publication, so a pin
     /// held by a peer that was unreachable for a while is released once it is back (a restarted peer
     /// has dropped them itself: another epoch answers `EpochChanged` and they are forgotten).
-    retry_unpins: Mutex<HashMap<(u32, u64), Vec<u64>>>,
+    retry_unpins: Mutex<UnpinQueue>,
     queue: Arc<JobQueue>,
     pub stats: Arc<CoopStats>,
     state: Weak<ServerState>,
@@ -268,7 +276,7 @@ impl Coop {
             page_size: state.cache.page_size(),
             peers: RwLock::new(Vec::new()),
             owners: Mutex::new(PinTable::new()),
-            retry_unpins: Mutex::new(HashMap::new()),
+            retry_unpins: Mutex::new(UnpinQueue::new()),
             queue: queue.clone(),
             stats,
             state: Arc::downgrade(state),
@@ -344,7 +352,7 @@ impl Coop {
                     active: AtomicBool::new(true),
                     conns: Mutex::new(Vec::new()),
                     summary: RwLock::new(None),
-                    down_until: Mutex::new(None),
+                    backoff: Mutex::new(Backoff::default()),
                     epoch: AtomicU64::new(0),
                     last_ok: Mutex::new(Instant::now()),
                     log: Mutex::new((None, 0)),
@@ -430,7 +438,7 @@ impl Coop {
         let n = state.cache.drop_dead_remote(&|h: &Holder| h.peer == idx && dead(h.epoch));
         self.stats.references_dropped.fetch_add(n, Ordering::Relaxed);
         // Unpins waiting for those pins would go to a peer that no longer has them.
-        self.retry_unpins.lock().retain(|(i, e), _| !(*i == idx && dead(*e)));
+        self.retry_unpins.lock().forget(idx, dead);
     }
 
     /// Sends one request and reads its response within the request timeout.
@@ -465,7 +473,7 @@ impl Coop {
         req: &PeerRequest<'_>,
         epoch: Option<u64>,
     ) -> Result<(u64, Vec<u8>), PeerError> {
-        if peer.down_until.lock().is_some_and(|t| Instant::now() < t) {
+        if peer.backoff.lock().is_down(Instant::now()) {
             return Err(PeerError::Down);
         }
         let pooled = peer.conns.lock().pop();
@@ -510,7 +518,7 @@ impl Coop {
     }
 
     fn mark_down(&self, peer: &Peer, e: &PeerError) {
-        *peer.down_until.lock() = Some(Instant::now() + Duration::from_millis(self.cfg.peer_backoff_ms));
+        peer.backoff.lock().failed(Instant::now(), Duration::from_millis(self.cfg.peer_backoff_ms));
         peer.conns.lock().clear();
         self.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
         // Logged, but at most once per peer every LOG_EVERY (a dead peer fails every request).
@@ -543,25 +551,8 @@ impl Coop {
     }
 
     fn fetch_inner(&self, r: &RemoteRef, out: &mut [u8]) -> bool {
-        // In order: a peer backing off after a failure answers `Down` at once, so a dead first holder
-        // costs one failed request, then nothing until its back-off ends.
-        r.holders().iter().any(|h| self.fetch_from(h, r.hash, out))
-    }
-
-    fn fetch_from(&self, h: &Holder, hash: u128, out: &mut [u8]) -> bool {
-        let Some(peer) = self.peer(h.peer) else { return false };
-        let Ok((_, payload)) = self.request(&peer, &PeerRequest::Fetch { pin: h.pin }, Some(h.epoch)) else {
-            return false;
-        };
-        match PeerResponse::decode(PeerOp::Fetch as u8, &payload, self.page_size) {
-            Ok(PeerResponse::Fetched(Some(page)))
-                if page.len() == out.len() && xxhash_rust::xxh3::xxh3_128(page) == hash =>
-            {
-                out.copy_from_slice(page);
-                true
-            }
-            _ => false,
-        }
+        let holders: Vec<Granted> = r.holders().iter().map(granted).collect();
+        peers::fetch(self, &holders, r.hash, out, self.page_size)
     }
 
     /// Releases a remote reference's pin after an exclusive remotified get (queued, best effort).
@@ -573,97 +564,69 @@ impl Coop {
     /// every pin as the page's remote reference.
     fn remotify(&self, state: &ServerState, page: Evicted) {
         let t = Instant::now();
-        let peers: Vec<(u32, Arc<Peer>)> = {
+        let candidates: Vec<u32> = {
             let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
+            let now = Instant::now();
             self.peers
                 .read()
                 .iter()
                 .enumerate()
-                .filter(|(_, p)| p.active.load(Ordering::Relaxed))
                 .filter(|(_, p)| {
-                    p.summary
-                        .read()
-                        .as_ref()
-                        .is_some_and(|s| s.received.elapsed() < ttl && s.filter.may_contain(page.hash))
+                    let summary = p.summary.read();
+                    let summary = summary.as_ref().map(|s| (&s.filter, s.received));
+                    peers::is_candidate(p.active.load(Ordering::Relaxed), summary, page.hash, now, ttl)
                 })
-                .map(|(i, p)| (i as u32, p.clone()))
+                .map(|(i, _)| i as u32)
                 .collect()
         };
-        if peers.is_empty() {
-            self.stats.no_candidate.fetch_add(1, Ordering::Relaxed);
-            state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
-            return;
-        }
         let want = self.cfg.max_holders.clamp(1, MAX_HOLDERS);
-        let mut pinned: Option<RemoteRef> = None;
-        let mut errors = false;
-        for (idx, peer) in peers {
-            if pinned.is_some_and(|r| r.holders().len() >= want) {
-                break;
-            }
-            let req = PeerRequest::Compare { hash: page.hash, page: &page.data };
-            match self.request(&peer, &req, None) {
-                Ok((epoch, payload)) => {
-                    match PeerResponse::decode(PeerOp::Compare as u8, &payload, self.page_size) {
-                        Ok(PeerResponse::Compared(Some(pin))) => {
-                            let h = Holder { peer: idx, epoch, pin };
-                            match pinned.as_mut() {
-                                Some(r) => {
-                                    r.push(h);
-                                }
-                                None => pinned = Some(RemoteRef::new(h, page.hash)),
-                            }
-                        }
-                        Ok(_) => {
-                            self.stats.compare_mismatches.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => errors = true,
+        let (outcome, mismatches) =
+            peers::ask_holders(self, candidates, want, page.hash, &page.data, self.page_size);
+        self.stats.compare_mismatches.fetch_add(mismatches, Ordering::Relaxed);
+        match outcome {
+            SearchOutcome::Pinned(holders) => {
+                let mut r = RemoteRef::new(holder(&holders[0]), page.hash);
+                for h in &holders[1..] {
+                    r.push(holder(h));
+                }
+                if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
+                    self.stats.remotified.fetch_add(1, Ordering::Relaxed);
+                    self.stats.remotify_us.lock().record(t.elapsed());
+                } else {
+                    self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
+                    for h in &holders {
+                        self.unpin_now(h.peer, h.epoch, vec![h.pin]);
                     }
                 }
-                Err(_) => errors = true,
+                return;
             }
-        }
-        if let Some(r) = pinned {
-            if state.cache.install_remote(page.vm, page.pool, page.key, page.token, r) {
-                self.stats.remotified.fetch_add(1, Ordering::Relaxed);
-                self.stats.remotify_us.lock().record(t.elapsed());
-            } else {
-                self.stats.stale_installs.fetch_add(1, Ordering::Relaxed);
-                for h in r.holders() {
-                    if let Some(peer) = self.peer(h.peer) {
-                        self.unpin_now(h.peer, &peer, h.epoch, vec![h.pin]);
-                    }
-                }
+            SearchOutcome::NoCandidate => {
+                self.stats.no_candidate.fetch_add(1, Ordering::Relaxed);
             }
-            return;
-        }
-        if errors {
-            self.stats.remotify_errors.fetch_add(1, Ordering::Relaxed);
+            SearchOutcome::Abandoned { errors: true } => {
+                self.stats.remotify_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            // Every candidate answered without an equal frame (a mismatch is counted on its own).
+            _ => {}
         }
         state.cache.abandon_remote(page.vm, page.pool, page.key, page.token);
     }
 
-    fn unpin_now(&self, idx: u32, peer: &Peer, epoch: u64, pins: Vec<u64>) {
-        for chunk in pins.chunks(wire::MAX_UNPIN) {
-            let n = chunk.len() as u64;
-            match self.request(peer, &PeerRequest::Unpin { pins: chunk.to_vec() }, Some(epoch)) {
-                Ok(_) => {
-                    self.stats.unpins_sent.fetch_add(n, Ordering::Relaxed);
-                }
-                // The peer restarted: it released them itself.
-                Err(PeerError::EpochChanged) => {}
-                Err(_) => self.retry_unpins.lock().entry((idx, epoch)).or_default().extend_from_slice(chunk),
-            }
+    fn unpin_now(&self, idx: u32, epoch: u64, pins: Vec<u64>) {
+        if self.peer(idx).is_none() {
+            return;
         }
+        let sent = peers::unpin(self, idx, epoch, &pins, |chunk, result| {
+            self.retry_unpins.lock().sent(idx, epoch, chunk, result)
+        });
+        self.stats.unpins_sent.fetch_add(sent, Ordering::Relaxed);
     }
 
     /// Sends the unpins that failed before (see `retry_unpins`).
     fn retry_failed_unpins(&self) {
-        let pending = std::mem::take(&mut *self.retry_unpins.lock());
+        let pending = self.retry_unpins.lock().take();
         for ((idx, epoch), pins) in pending {
-            if let Some(peer) = self.peer(idx) {
-                self.unpin_now(idx, &peer, epoch, pins);
-            }
+            self.unpin_now(idx, epoch, pins);
         }
     }
 
@@ -691,7 +654,7 @@ impl Coop {
         let mut reached = 0;
         for p in peers {
             // A publication is also the heartbeat that ends a back-off early if the peer is back.
-            *p.down_until.lock() = None;
+            p.backoff.lock().clear();
             if self.request(&p, &req, None).is_ok() {
                 reached += 1;
                 self.stats.summaries_sent.fetch_add(1, Ordering::Relaxed);
@@ -723,6 +686,42 @@ impl Coop {
     pub fn close(&self) {
         self.queue.closed.store(true, Ordering::Relaxed);
         self.queue.cv.notify_all();
+    }
+}
+
+/// The engine's holder as the decisions see it.
+fn granted(h: &Holder) -> Granted {
+    Granted { peer: h.peer, epoch: h.epoch, pin: h.pin }
+}
+
+fn holder(g: &Granted) -> Holder {
+    Holder { peer: g.peer, epoch: g.epoch, pin: g.pin }
+}
+
+/// The decisions of `dd_coop::peers` reach the peers through the pooled connections.
+impl PeerTransport for Coop {
+    fn request(
+        &self,
+        peer: u32,
+        req: &PeerRequest<'_>,
+        epoch: Option<u64>,
+    ) -> Result<(u64, Vec<u8>), TransportError> {
+        let Some(p) = self.peer(peer) else { return Err(TransportError::Other("no such peer".into())) };
+        Coop::request(self, &p, req, epoch).map_err(|e| match e {
+            PeerError::Down => TransportError::Down,
+            PeerError::EpochChanged => TransportError::EpochChanged,
+            PeerError::Status(s) => TransportError::Status(s),
+            PeerError::Io(e) => match e.kind() {
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => TransportError::Timeout,
+                std::io::ErrorKind::ConnectionRefused => TransportError::Refused,
+                std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe => TransportError::Closed,
+                _ => TransportError::Other(e.to_string()),
+            },
+            e => TransportError::Other(e.to_string()),
+        })
     }
 }
 
@@ -773,24 +772,18 @@ fn remotifier_loop(weak: Weak<Coop>) {
         }
         let Some(state) = coop.state.upgrade() else { return };
         // Unpins are grouped per peer and epoch (one request each); remotifications go one by one.
-        let mut unpins: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+        let mut released = Vec::new();
         for job in batch {
             match job {
                 Job::Remotify(page) => {
                     coop.remotify(&state, page);
                     q.pages.fetch_sub(1, Ordering::Relaxed);
                 }
-                Job::Unpin(r) => {
-                    for h in r.holders() {
-                        unpins.entry((h.peer, h.epoch)).or_default().push(h.pin);
-                    }
-                }
+                Job::Unpin(r) => released.extend(r.holders().iter().map(granted)),
             }
         }
-        for ((idx, epoch), pins) in unpins {
-            if let Some(peer) = coop.peer(idx) {
-                coop.unpin_now(idx, &peer, epoch, pins);
-            }
+        for ((idx, epoch), pins) in peers::group_unpins(released) {
+            coop.unpin_now(idx, epoch, pins);
         }
     }
 }

@@ -91,10 +91,7 @@ impl Coop {
                 active: p.active.load(Ordering::Relaxed),
                 summary_age_ms: p.summary.read().as_ref().map(|s| s.received.elapsed().as_millis() as u64),
                 pins_held_for: owners.pins_of(&p.name) as u64,
-                backoff_ms: p
-                    .down_until
-                    .lock()
-                    .map_or(0, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64),
+                backoff_ms: p.backoff.lock().remaining(Instant::now()).as_millis() as u64,
             })
             .collect();
         CoopReport {

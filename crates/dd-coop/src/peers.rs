@@ -1,0 +1,311 @@
+//! The client side's decisions about peers (Algorithm 3 and the remotified get, SPEC section 9):
+//! which peers to ask for a page, back-off after a failure, the unpins to send again, and whether
+//! fetched bytes may be accepted.
+//!
+//! No I/O of its own and no engine: the state machines are pure, with time a parameter (`now`), never
+//! read here; the loops of Algorithm 3 ([`ask_holders`]), the remotified get ([`fetch`]) and unpins
+//! ([`unpin`]) send their requests through a [`PeerTransport`], which the daemon (`dd-server`'s
+//! `coop`) implements over its sockets and the tests with a fake network.
+//!
+//! Invariants:
+//! * **A failed peer is skipped for the back-off** ([`Backoff`]): no request goes to it until
+//!   `peer_backoff_ms` after its last failure, or until a publication (the heartbeat) clears it.
+//! * **Holders in membership order, at most `max_holders`** ([`HolderSearch`]): candidates are the
+//!   active peers whose fresh summary may contain the page's hash ([`is_candidate`]); they are asked
+//!   in order until enough pinned an equal frame; holders are kept in the order they answered.
+//! * **Never wrong data** ([`accept_fetched`]): fetched bytes are accepted only from a holder still in
+//!   the epoch its pin was granted in, of the page's length, hashing to the recorded content hash.
+//! * **Unpins are not lost** ([`UnpinQueue`]): an unpin that failed on the network is kept per
+//!   (peer, epoch) and sent again; one that met another epoch is dropped (the restarted peer released
+//!   it itself), and so is every unpin for an epoch found dead.
+
+use crate::transport::{PeerTransport, TransportError};
+use crate::wire::{PeerOp, PeerRequest, PeerResponse, MAX_UNPIN};
+use crate::BloomFilter;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A peer's back-off after a failure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backoff {
+    down_until: Option<Instant>,
+}
+
+impl Backoff {
+    /// Whether requests to the peer are skipped at `now`.
+    pub fn is_down(&self, now: Instant) -> bool {
+        self.down_until.is_some_and(|t| now < t)
+    }
+
+    /// The peer failed at `now`: skip it for `backoff`.
+    pub fn failed(&mut self, now: Instant, backoff: Duration) {
+        self.down_until = Some(now + backoff);
+    }
+
+    /// How long the peer is still skipped at `now` (zero when it is not).
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.down_until.map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
+    }
+
+    /// Ends the back-off early (a publication is also the heartbeat that finds a peer back).
+    pub fn clear(&mut self) {
+        self.down_until = None;
+    }
+}
+
+/// Whether a peer may be asked to hold a page: it is active and its summary, received at
+/// `received`, is younger than `ttl` at `now` and may contain `hash`.
+pub fn is_candidate(
+    active: bool,
+    summary: Option<(&BloomFilter, Instant)>,
+    hash: u128,
+    now: Instant,
+    ttl: Duration,
+) -> bool {
+    active
+        && summary.is_some_and(|(filter, received)| {
+            now.saturating_duration_since(received) < ttl && filter.may_contain(hash)
+        })
+}
+
+/// A pin a peer granted: the peer (its index in the daemon's peer list), the epoch it ran in and
+/// its handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Granted {
+    pub peer: u32,
+    pub epoch: u64,
+    pub pin: u64,
+}
+
+/// What a peer answered to a remote compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompareAnswer {
+    /// It pinned an equal frame under `pin`, in `epoch`.
+    Pinned { epoch: u64, pin: u64 },
+    /// It holds no equal frame (a Bloom false positive, or the frame went away).
+    Mismatch,
+    /// The request failed (back-off, network, status, a bad answer).
+    Failed,
+}
+
+/// How Algorithm 3 ended for one page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SearchOutcome {
+    /// No peer's summary may contain the page: abandon it without asking anyone.
+    NoCandidate,
+    /// These peers pinned it, in the order they answered: install them as the remote reference.
+    Pinned(Vec<Granted>),
+    /// Nobody pinned it; `errors` if some request failed (rather than every peer mismatching).
+    Abandoned { errors: bool },
+}
+
+/// Algorithm 3's choice of holders for one page, one answer at a time.
+#[derive(Debug)]
+pub struct HolderSearch {
+    candidates: std::vec::IntoIter<u32>,
+    any_candidate: bool,
+    want: usize,
+    holders: Vec<Granted>,
+    errors: bool,
+}
+
+impl HolderSearch {
+    /// `candidates` in membership order (see [`is_candidate`]); `want` is `max_holders` (at least 1).
+    pub fn new(candidates: Vec<u32>, want: usize) -> Self {
+        HolderSearch {
+            any_candidate: !candidates.is_empty(),
+            candidates: candidates.into_iter(),
+            want: want.max(1),
+            holders: Vec::new(),
+            errors: false,
+        }
+    }
+
+    /// The next peer to ask, or `None` when enough pinned it or every candidate was asked.
+    pub fn next_peer(&mut self) -> Option<u32> {
+        if self.holders.len() >= self.want {
+            return None;
+        }
+        self.candidates.next()
+    }
+
+    /// `peer`'s answer to the compare [`Self::next_peer`] chose it for.
+    pub fn answer(&mut self, peer: u32, answer: CompareAnswer) {
+        match answer {
+            CompareAnswer::Pinned { epoch, pin } => self.holders.push(Granted { peer, epoch, pin }),
+            CompareAnswer::Mismatch => {}
+            CompareAnswer::Failed => self.errors = true,
+        }
+    }
+
+    pub fn finish(self) -> SearchOutcome {
+        if !self.any_candidate {
+            SearchOutcome::NoCandidate
+        } else if self.holders.is_empty() {
+            SearchOutcome::Abandoned { errors: self.errors }
+        } else {
+            SearchOutcome::Pinned(self.holders)
+        }
+    }
+}
+
+/// The accept rule of a remotified get: bytes `page` fetched from a holder that answered in
+/// `answered_epoch` for a pin granted in `granted_epoch` are the page only if the epoch is unchanged,
+/// the length is the page's and the content hash is the recorded one. (The transport already refuses
+/// to send to a peer in another epoch; the rule checks the epoch it answered in all the same, so no
+/// transport can make a get accept bytes from a restarted holder.)
+pub fn accept_fetched(
+    granted_epoch: u64,
+    answered_epoch: u64,
+    hash: u128,
+    page: &[u8],
+    page_len: usize,
+) -> bool {
+    granted_epoch == answered_epoch && page.len() == page_len && xxhash_rust::xxh3::xxh3_128(page) == hash
+}
+
+/// Algorithm 3 for one page of content `hash`: asks `candidates` (membership order, see
+/// [`is_candidate`]) for a remote compare through `t` until `want` pinned it. Returns the outcome and
+/// the number of peers that answered with no equal frame.
+pub fn ask_holders<T: PeerTransport + ?Sized>(
+    t: &T,
+    candidates: Vec<u32>,
+    want: usize,
+    hash: u128,
+    page: &[u8],
+    page_size: usize,
+) -> (SearchOutcome, u64) {
+    let mut search = HolderSearch::new(candidates, want);
+    let mut mismatches = 0;
+    while let Some(peer) = search.next_peer() {
+        let answer = match t.request(peer, &PeerRequest::Compare { hash, page }, None) {
+            Ok((epoch, payload)) => match PeerResponse::decode(PeerOp::Compare as u8, &payload, page_size) {
+                Ok(PeerResponse::Compared(Some(pin))) => CompareAnswer::Pinned { epoch, pin },
+                Ok(_) => {
+                    mismatches += 1;
+                    CompareAnswer::Mismatch
+                }
+                Err(_) => CompareAnswer::Failed,
+            },
+            Err(_) => CompareAnswer::Failed,
+        };
+        search.answer(peer, answer);
+    }
+    (search.finish(), mismatches)
+}
+
+/// A remotified get: the page's bytes from the first of `holders` (in order) whose answer passes
+/// [`accept_fetched`], into `out`; false (a clean miss) when none does. A holder backing off fails at
+/// once in the transport, so a dead first holder costs one failed request, then nothing until its
+/// back-off ends.
+pub fn fetch<T: PeerTransport + ?Sized>(
+    t: &T,
+    holders: &[Granted],
+    hash: u128,
+    out: &mut [u8],
+    page_size: usize,
+) -> bool {
+    holders.iter().any(|h| {
+        let Ok((epoch, payload)) = t.request(h.peer, &PeerRequest::Fetch { pin: h.pin }, Some(h.epoch))
+        else {
+            return false;
+        };
+        match PeerResponse::decode(PeerOp::Fetch as u8, &payload, page_size) {
+            Ok(PeerResponse::Fetched(Some(page)))
+                if accept_fetched(h.epoch, epoch, hash, page, out.len()) =>
+            {
+                out.copy_from_slice(page);
+                true
+            }
+            _ => false,
+        }
+    })
+}
+
+/// Sends unpins of `pins` granted by `peer` in `epoch` through `t` (in requests of at most
+/// [`MAX_UNPIN`]) and records in `retry` those to send again. Returns the pins the peer released.
+/// `retry` is a callback, not the [`UnpinQueue`], so the caller's lock on it is never held across
+/// the network.
+pub fn unpin<T: PeerTransport + ?Sized>(
+    t: &T,
+    peer: u32,
+    epoch: u64,
+    pins: &[u64],
+    mut retry: impl FnMut(&[u64], UnpinResult),
+) -> u64 {
+    let mut sent = 0;
+    for chunk in pins.chunks(MAX_UNPIN) {
+        let result = match t.request(peer, &PeerRequest::Unpin { pins: chunk.to_vec() }, Some(epoch)) {
+            Ok(_) => {
+                sent += chunk.len() as u64;
+                UnpinResult::Sent
+            }
+            Err(TransportError::EpochChanged) => UnpinResult::EpochChanged,
+            Err(_) => UnpinResult::Failed,
+        };
+        retry(chunk, result);
+    }
+    sent
+}
+
+/// How an unpin request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnpinResult {
+    /// The peer released them.
+    Sent,
+    /// The peer runs in another epoch: it released them itself when it restarted.
+    EpochChanged,
+    /// The network or the peer failed: send them again later.
+    Failed,
+}
+
+/// Unpins waiting to be sent again, by (peer, epoch).
+#[derive(Debug, Default)]
+pub struct UnpinQueue {
+    pending: HashMap<(u32, u64), Vec<u64>>,
+}
+
+impl UnpinQueue {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records how sending `pins` to `peer` in `epoch` ended: failed ones are kept for a retry.
+    pub fn sent(&mut self, peer: u32, epoch: u64, pins: &[u64], result: UnpinResult) {
+        if result == UnpinResult::Failed {
+            self.pending.entry((peer, epoch)).or_default().extend_from_slice(pins);
+        }
+    }
+
+    /// Every pending unpin, to send again (each ends in another [`Self::sent`]).
+    pub fn take(&mut self) -> Vec<((u32, u64), Vec<u64>)> {
+        self.pending.drain().collect()
+    }
+
+    /// Drops the unpins for `peer` in the epochs `dead` says are gone (it restarted or expired: it
+    /// has released those pins itself).
+    pub fn forget(&mut self, peer: u32, dead: impl Fn(u64) -> bool) {
+        self.pending.retain(|(p, e), _| !(*p == peer && dead(*e)));
+    }
+
+    /// Pins waiting.
+    pub fn len(&self) -> usize {
+        self.pending.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Groups released holders' pins per (peer, epoch), one unpin request each.
+pub fn group_unpins(holders: impl IntoIterator<Item = Granted>) -> HashMap<(u32, u64), Vec<u64>> {
+    let mut by: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+    for h in holders {
+        by.entry((h.peer, h.epoch)).or_default().push(h.pin);
+    }
+    by
+}
