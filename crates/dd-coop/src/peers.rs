@@ -15,6 +15,8 @@
 //!   in order until enough pinned an equal frame; holders are kept in the order they answered.
 //! * **Never wrong data** ([`accept_fetched`]): fetched bytes are accepted only from a holder still in
 //!   the epoch its pin was granted in, of the page's length, hashing to the recorded content hash.
+//! * **Dead references are forgotten** ([`Liveness`]): a peer found in a new epoch at a connect has
+//!   released every pin of its older epochs; one silent for the pin TTL has released all of ours.
 //! * **Unpins are not lost** ([`UnpinQueue`]): an unpin that failed on the network is kept per
 //!   (peer, epoch) and sent again; one that met another epoch is dropped (the restarted peer released
 //!   it itself), and so is every unpin for an epoch found dead.
@@ -50,6 +52,77 @@ impl Backoff {
     /// Ends the back-off early (a publication is also the heartbeat that finds a peer back).
     pub fn clear(&mut self) {
         self.down_until = None;
+    }
+}
+
+/// What this daemon knows of a peer's life, to forget references that can no longer hit: the epoch
+/// it last connected in, and its last successful answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// 0: never reached, or forgotten after a silence.
+    epoch: u64,
+    last_ok: Instant,
+}
+
+/// What became of a peer's pins after a connect or a silence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forget {
+    /// Nothing: keep every reference.
+    Nothing,
+    /// It restarted: the pins it granted in any epoch but `alive` are gone.
+    EpochsBut { alive: u64 },
+    /// It was unreachable for the pin TTL, so it has released our pins (it has not heard from us
+    /// either): every reference to it is gone.
+    Everything,
+}
+
+impl Liveness {
+    /// A peer not reached yet, its silence counted from `now`.
+    pub fn new(now: Instant) -> Self {
+        Liveness { epoch: 0, last_ok: now }
+    }
+
+    /// The epoch it last connected in (0: not reached since start or since it was forgotten).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// A request to it succeeded at `now`.
+    pub fn answered(&mut self, now: Instant) {
+        self.last_ok = now;
+    }
+
+    /// A connect reached it in `epoch`.
+    pub fn connected(&mut self, epoch: u64) -> Forget {
+        let before = std::mem::replace(&mut self.epoch, epoch);
+        if before != 0 && before != epoch {
+            Forget::EpochsBut { alive: epoch }
+        } else {
+            Forget::Nothing
+        }
+    }
+
+    /// At `now`: a peer once reached and silent for `ttl` is forgotten (once; it counts as not reached
+    /// until its next connect).
+    pub fn expire(&mut self, now: Instant, ttl: Duration) -> Forget {
+        if self.epoch != 0 && now.saturating_duration_since(self.last_ok) >= ttl {
+            self.epoch = 0;
+            Forget::Everything
+        } else {
+            Forget::Nothing
+        }
+    }
+}
+
+impl Forget {
+    /// Whether a reference granted in `epoch` is gone.
+    pub fn is_dead(&self, epoch: u64) -> bool {
+        match *self {
+            Forget::Nothing => false,
+            Forget::EpochsBut { alive } => epoch != alive,
+            Forget::Everything => true,
+        }
     }
 }
 
@@ -308,4 +381,34 @@ pub fn group_unpins(holders: impl IntoIterator<Item = Granted>) -> HashMap<(u32,
         by.entry((h.peer, h.epoch)).or_default().push(h.pin);
     }
     by
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_or_a_silence_past_the_ttl_forgets_references_once() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_millis(100);
+        let mut l = Liveness::new(t0);
+        // Never reached: nothing to forget, however long.
+        assert_eq!(l.expire(t0 + ttl * 10, ttl), Forget::Nothing);
+        assert_eq!(l.connected(7), Forget::Nothing);
+        assert_eq!(l.connected(7), Forget::Nothing);
+        l.answered(t0 + ttl * 10);
+        assert_eq!(l.expire(t0 + ttl * 10 + ttl / 2, ttl), Forget::Nothing);
+        // A restart: only the new epoch's pins are alive.
+        let f = l.connected(8);
+        assert_eq!(f, Forget::EpochsBut { alive: 8 });
+        assert!(f.is_dead(7) && !f.is_dead(8));
+        // Silence past the TTL: everything, once.
+        let f = l.expire(t0 + ttl * 11, ttl);
+        assert_eq!(f, Forget::Everything);
+        assert!(f.is_dead(8));
+        assert_eq!(l.epoch(), 0);
+        assert_eq!(l.expire(t0 + ttl * 20, ttl), Forget::Nothing);
+        // Back in the same epoch after being forgotten: nothing more to forget.
+        assert_eq!(l.connected(8), Forget::Nothing);
+    }
 }

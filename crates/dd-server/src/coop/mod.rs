@@ -32,7 +32,7 @@
 //! against the epoch and the content hash.
 //!
 //! The decisions (which peers to ask, back-off, the unpins to retry, the accept rule of a remotified
-//! get, the pin table held for peers) are `dd_coop::peers` and `dd_coop::pins`, unit-tested there over
+//! get, when references to a restarted or silent peer are dead, the pin table held for peers) are `dd_coop::peers` and `dd_coop::pins`, unit-tested there over
 //! a fake network; this module holds their state behind its locks, implements their
 //! [`PeerTransport`] over the pooled connections, and makes the engine calls.
 //!
@@ -44,7 +44,7 @@ use crate::config::{CoopConfig, Membership};
 use crate::coop_types::{CoopHandle, CoopReport};
 use crate::state::ServerState;
 use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
-use dd_coop::peers::{self, Backoff, Granted, SearchOutcome, UnpinQueue};
+use dd_coop::peers::{self, Backoff, Forget, Granted, Liveness, SearchOutcome, UnpinQueue};
 use dd_coop::pins::PinTable;
 use dd_coop::transport::{PeerTransport, TransportError};
 use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
@@ -55,7 +55,7 @@ use rand::{RngCore, SeedableRng};
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -128,10 +128,10 @@ struct Peer {
     summary: RwLock<Option<Summary>>,
     /// Skipped after a failure (`dd_coop::peers::Backoff`: the rule; here its lock).
     backoff: Mutex<Backoff>,
-    /// The peer's epoch as last seen at a connect (0: never reached).
-    epoch: AtomicU64,
-    /// The last successful request, and the last failure logged with the failures since.
-    last_ok: Mutex<Instant>,
+    /// Its epoch at the last connect and its last successful request (`dd_coop::peers::Liveness`:
+    /// when references to it are dead).
+    liveness: Mutex<Liveness>,
+    /// The last failure logged, with the failures since.
     log: Mutex<(Option<Instant>, u64)>,
 }
 
@@ -353,8 +353,7 @@ impl Coop {
                     conns: Mutex::new(Vec::new()),
                     summary: RwLock::new(None),
                     backoff: Mutex::new(Backoff::default()),
-                    epoch: AtomicU64::new(0),
-                    last_ok: Mutex::new(Instant::now()),
+                    liveness: Mutex::new(Liveness::new(Instant::now())),
                     log: Mutex::new((None, 0)),
                 })),
             }
@@ -422,10 +421,10 @@ impl Coop {
     /// A connect reached `peer` in `epoch`: if it ran in another epoch before, it restarted and every
     /// pin it granted is gone, so the engine's references to it in older epochs are dropped.
     fn saw_epoch(&self, peer: &Peer, epoch: u64) {
-        let before = peer.epoch.swap(epoch, Ordering::Relaxed);
-        if before != 0 && before != epoch {
+        let forget = peer.liveness.lock().connected(epoch);
+        if forget != Forget::Nothing {
             tracing::info!("peer {} restarted (new epoch): forgetting references to its old pins", peer.name);
-            self.forget_references(peer, |e| e != epoch);
+            self.forget_references(peer, |e| forget.is_dead(e));
         }
     }
 
@@ -494,7 +493,7 @@ impl Coop {
         match self.exchange(&mut conn, req) {
             Ok((_, payload)) => {
                 let e = conn.epoch;
-                *peer.last_ok.lock() = Instant::now();
+                peer.liveness.lock().answered(Instant::now());
                 let mut pool = peer.conns.lock();
                 if pool.len() < MAX_POOLED {
                     pool.push(conn);
@@ -670,14 +669,14 @@ impl Coop {
         let ttl = Duration::from_millis(self.cfg.pin_ttl_ms);
         let peers: Vec<Arc<Peer>> = self.peers.read().clone();
         for p in peers {
-            if p.epoch.load(Ordering::Relaxed) != 0 && p.last_ok.lock().elapsed() >= ttl {
+            let forget = p.liveness.lock().expire(Instant::now(), ttl);
+            if forget != Forget::Nothing {
                 tracing::info!(
                     "peer {} unreachable for {} ms: forgetting references to it",
                     p.name,
                     ttl.as_millis()
                 );
-                self.forget_references(&p, |_| true);
-                p.epoch.store(0, Ordering::Relaxed);
+                self.forget_references(&p, |e| forget.is_dead(e));
             }
         }
     }
