@@ -7,7 +7,8 @@
 //! per-node identities peers prove in their handshake ([`identity`]) and the pin table a daemon
 //! keeps for its peers ([`pins`]: the state machine, time passed in), the client side's decisions
 //! ([`peers`]: peer choice, back-off, unpin retries, the accept rule of a remotified get) and the
-//! [`transport`] trait they send requests through. The daemon's
+//! [`transport`] trait they send requests through, and the listener's answer to one authenticated
+//! peer request ([`serve`]: Algorithm 4, the engine behind a trait). The daemon's
 //! peer listener, client and remotifier are in `dd-server`'s `coop` module.
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
@@ -15,6 +16,7 @@ pub mod bloom;
 pub mod identity;
 pub mod peers;
 pub mod pins;
+pub mod serve;
 pub mod transport;
 pub mod wire;
 

@@ -1,13 +1,15 @@
-//! The co-operative decisions (`dd_coop::peers`, `dd_coop::pins`) over a fake network: peers that keep
-//! a real `PinTable` and frames by content hash, reached through a `PeerTransport` that loses requests
+//! The co-operative decisions (`dd_coop::peers`, `dd_coop::pins`) over a fake network: peers that answer
+//! with the listener's real handler (`dd_coop::serve`) over a real `PinTable` and frames by content
+//! hash, reached through a `PeerTransport` that loses requests
 //! and responses, delays messages (delivered later, out of order), duplicates them, refuses while a
 //! peer is down and restarts peers with a new epoch, every choice drawn from a seeded generator. No
 //! sockets, no threads, no clocks: time is a counter advanced per request.
 
 use dd_coop::peers::{self, accept_fetched, Backoff, Granted, SearchOutcome, UnpinQueue, UnpinResult};
 use dd_coop::pins::PinTable;
+use dd_coop::serve::{self, PinHost, Served};
 use dd_coop::transport::{PeerTransport, TransportError};
-use dd_coop::wire::{parse_header, PeerRequest, PeerResponse, ABSOLUTE_MAX_PAYLOAD, HEADER_LEN};
+use dd_coop::wire::{parse_header, PeerRequest, ABSOLUTE_MAX_PAYLOAD, HEADER_LEN};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cell::{Cell, RefCell};
@@ -53,6 +55,53 @@ impl FakePeer {
     /// Every engine pin is in the pin table and every table entry names an engine pin.
     fn check(&self) {
         assert_eq!(self.engine.len(), self.table.len(), "engine pins and the pin table disagree");
+    }
+}
+
+/// A fake peer's engine and pin table as the real listener code (`dd_coop::serve`) sees them.
+struct FakeHost<'a> {
+    p: RefCell<&'a mut FakePeer>,
+    rng: &'a RefCell<ChaCha8Rng>,
+    max_pins: Cell<u64>,
+}
+
+impl PinHost for FakeHost<'_> {
+    fn page_size(&self) -> usize {
+        PAGE
+    }
+    fn max_pins(&self) -> u64 {
+        self.max_pins.get()
+    }
+    fn pins_held(&self) -> u64 {
+        self.p.borrow().engine.len() as u64
+    }
+    fn pin(&self, hash: u128, page: &[u8]) -> Option<u64> {
+        let mut p = self.p.borrow_mut();
+        if p.frames.get(&hash).is_none_or(|f| f != page) {
+            return None;
+        }
+        let pin = p.next_pin;
+        p.next_pin += 1;
+        p.engine.insert(pin, hash);
+        Some(pin)
+    }
+    fn read_pin(&self, pin: u64, out: &mut [u8]) -> bool {
+        let p = self.p.borrow();
+        let Some(hash) = p.engine.get(&pin) else { return false };
+        out.copy_from_slice(&p.frames[hash]);
+        if p.corrupt {
+            out[0] ^= 1;
+        }
+        true
+    }
+    fn unpin(&self, pin: u64) {
+        self.p.borrow_mut().engine.remove(&pin);
+    }
+    fn with_pins<R>(&self, f: impl FnOnce(&mut PinTable) -> R) -> R {
+        f(&mut self.p.borrow_mut().table)
+    }
+    fn draw_handle(&self) -> u64 {
+        self.rng.borrow_mut().gen()
     }
 }
 
@@ -124,51 +173,18 @@ impl FakeNet {
             }
             p.greeted = true;
         }
-        p.table.touch(ME, now);
         let h = parse_header(&frame[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
-        let req = PeerRequest::decode(h.op, &frame[HEADER_LEN..], PAGE).unwrap();
         let mut out = Vec::new();
-        let resp_page;
-        let resp = match req {
-            PeerRequest::Compare { hash, page } => {
-                if p.frames.get(&hash).is_some_and(|f| f == page) {
-                    let pin = p.next_pin;
-                    p.next_pin += 1;
-                    let mut rng = self.rng.borrow_mut();
-                    match p.table.grant(ME, pin, || rng.gen()) {
-                        Ok(handle) => {
-                            p.engine.insert(pin, hash);
-                            PeerResponse::Compared(Some(handle))
-                        }
-                        Err(_) => return None,
-                    }
-                } else {
-                    PeerResponse::Compared(None)
-                }
-            }
-            PeerRequest::Fetch { pin } => match p.table.lookup(ME, pin).and_then(|e| p.engine.get(&e)) {
-                Some(hash) => {
-                    let mut bytes = p.frames[hash].clone();
-                    if p.corrupt {
-                        bytes[0] ^= 1;
-                    }
-                    resp_page = bytes;
-                    PeerResponse::Fetched(Some(&resp_page))
-                }
-                None => PeerResponse::Fetched(None),
-            },
-            PeerRequest::Unpin { pins } => {
-                let mine = p.table.unpin(ME, pins);
-                for pin in &mine {
-                    p.engine.remove(pin);
-                }
-                PeerResponse::Unpinned(mine.len() as u32)
-            }
-            _ => PeerResponse::Done,
-        };
-        resp.encode(h.op, h.request_id, &mut out);
+        let host = FakeHost { p: RefCell::new(p), rng: &self.rng, max_pins: Cell::new(u64::MAX) };
+        let served = serve::handle(&host, ME, &h, &frame[HEADER_LEN..], now, &mut out);
+        let p = host.p.into_inner();
         p.check();
-        Some(out[HEADER_LEN..].to_vec())
+        // An error answer (status other than 0) is what the daemon's client turns into a failure.
+        let answer = parse_header(&out[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
+        if matches!(served, Served::Refused) {
+            assert_ne!(answer.status, 0);
+        }
+        (answer.status == 0).then(|| out[HEADER_LEN..].to_vec())
     }
 
     /// Delivers some of the delayed requests (a random one at a time: reordered), responses lost.
@@ -450,4 +466,43 @@ fn unpins_lost_in_transit_are_retried_until_released() {
     assert_eq!(queue.len(), 2);
     queue.forget(0, |e| e == 1);
     assert!(queue.is_empty());
+}
+
+#[test]
+fn the_listener_pins_nothing_past_max_pins_or_for_an_expired_peer() {
+    let frames: HashMap<u128, Vec<u8>> = (0..4).map(|i| (hash(&page(i)), page(i))).collect();
+    let mut peer = FakePeer::new(1, &frames);
+    let rng = RefCell::new(ChaCha8Rng::seed_from_u64(3));
+    let t0 = Instant::now();
+    peer.table.hello(ME, 1, t0);
+    let host = FakeHost { p: RefCell::new(&mut peer), rng: &rng, max_pins: Cell::new(1) };
+    let ask = |i: u64, now: Instant| {
+        let p = page(i);
+        let mut frame = Vec::new();
+        PeerRequest::Compare { hash: hash(&p), page: &p }.encode(1, &mut frame);
+        let h = parse_header(&frame[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
+        let mut out = Vec::new();
+        let served = serve::handle(&host, ME, &h, &frame[HEADER_LEN..], now, &mut out);
+        let status = parse_header(&out[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap().status;
+        (served, status, out)
+    };
+    let (served, status, _) = ask(0, t0);
+    assert!(matches!(served, Served::Compared { pinned: true }) && status == 0);
+    // Full: an equal frame, but no pin.
+    let (served, status, out) = ask(1, t0);
+    assert!(matches!(served, Served::Compared { pinned: false }) && status == 0);
+    assert_eq!(
+        dd_coop::wire::PeerResponse::decode(out[3], &out[HEADER_LEN..], PAGE).unwrap(),
+        dd_coop::wire::PeerResponse::Compared(None)
+    );
+    // The peer's entry expired: the pin it would get is released at once and it must say hello again.
+    host.max_pins.set(10);
+    let released = host.p.borrow_mut().table.expire(t0 + TTL, TTL);
+    for pin in released {
+        host.p.borrow_mut().engine.remove(&pin);
+    }
+    let (_, status, _) = ask(2, t0 + TTL);
+    assert_ne!(status, 0);
+    assert!(host.p.borrow().engine.is_empty(), "a pin nobody can release was kept");
+    host.p.borrow().check();
 }

@@ -1,9 +1,9 @@
-//! The server side of the peer protocol: the handshake (HELLO and AUTH: a peer proves the name it
-//! claims with the key the membership lists for it, `dd_coop::identity`), then one authenticated
-//! peer's requests (summaries, remote compares that pin frames for it, fetches and unpins of its own
-//! pins), and the calls into the pins held per peer (released on a new epoch, after `pin_ttl_ms` of
-//! silence, or when unpinned: the rules are `dd_coop::pins::PinTable`'s; this module holds its lock and
-//! makes the engine calls).
+//! The server side of the peer protocol: the socket, the handshake (HELLO and AUTH: a peer proves the
+//! name it claims with the key the membership lists for it, `dd_coop::identity`), then one
+//! authenticated peer's requests (summaries, remote compares that pin frames for it, fetches and unpins
+//! of its own pins), answered by `dd_coop::serve` over the engine and the pin table (`Host`); and the
+//! pins released on a new epoch or after `pin_ttl_ms` of silence (the rules are
+//! `dd_coop::pins::PinTable`'s; this module holds its lock and makes the engine calls).
 //!
 //! Pin handles are random 64-bit numbers, kept per owner: a handle means something only to the
 //! authenticated node it was granted to, so no node can fetch or release another's pins by guessing.
@@ -13,8 +13,9 @@
 use super::{Coop, Summary};
 use crate::state::ServerState;
 use dd_coop::identity::{Role, Transcript, NONCE_LEN};
+use dd_coop::pins::PinTable;
+use dd_coop::serve::{self, PinHost, Served};
 use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
-use dd_coop::{BloomConfig, BloomFilter};
 use rand::RngCore;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -36,84 +37,29 @@ impl Coop {
     // Server side: one authenticated peer connection
     // ------------------------------------------------------------------------------------------
 
-    /// Handles one request of an authenticated peer `from` (no I/O; engine calls are memory-only).
+    /// Handles one request of an authenticated peer `from` (`dd_coop::serve`; no I/O, engine calls
+    /// are memory-only), and keeps what it served in the counters and the peer's summary.
     fn handle(&self, state: &ServerState, from: &str, h: &PeerHeader, payload: &[u8], out: &mut Vec<u8>) {
-        let req = match PeerRequest::decode(h.op, payload, self.page_size) {
-            Ok(r) => r,
-            Err(e) => return wire::encode_error(h.op, h.request_id, e.status(), &e.to_string(), out),
-        };
-        self.touch(from);
-        let resp = match req {
-            PeerRequest::Hello { .. } | PeerRequest::Auth { .. } => {
-                return wire::encode_error(
-                    h.op,
-                    h.request_id,
-                    PeerStatus::MALFORMED,
-                    "already authenticated",
-                    out,
-                )
-            }
-            PeerRequest::Summary { m_bits, k_hashes, bits } => {
-                let cfg = BloomConfig { m_bits, k_hashes, removal: dd_coop::Removal::NoUnset };
-                let Ok(filter) = BloomFilter::from_summary(cfg, bits) else {
-                    return wire::encode_error(h.op, h.request_id, PeerStatus::REFUSED, "bad summary", out);
-                };
+        let host = Host { coop: self, state };
+        let count = |c: &std::sync::atomic::AtomicU64| c.fetch_add(1, Ordering::Relaxed);
+        match serve::handle(&host, from, h, payload, Instant::now(), out) {
+            Served::Summary(filter) => {
                 if let Some(p) = self.peers.read().iter().find(|p| p.name == from) {
                     *p.summary.write() = Some(Summary { filter, received: Instant::now() });
-                    self.stats.summaries_received.fetch_add(1, Ordering::Relaxed);
+                    count(&self.stats.summaries_received);
                 }
-                PeerResponse::Done
             }
-            PeerRequest::Compare { hash, page } => {
-                self.stats.compares_served.fetch_add(1, Ordering::Relaxed);
-                let full = state.cache.pins_held() >= self.cfg.max_pins;
-                let pin = if full { None } else { state.cache.pin(hash, page) };
-                let mut handle = None;
-                if let Some(pin) = pin {
-                    self.stats.remote_dedups.fetch_add(1, Ordering::Relaxed);
-                    // An unguessable handle, meaningful only among this owner's pins.
-                    let granted = self.owners.lock().grant(from, pin, || self.rng.lock().next_u64());
-                    match granted {
-                        Ok(h) => handle = Some(h),
-                        Err(_) => {
-                            // The owner entry went away (TTL) between HELLO and now: do not keep a pin
-                            // nobody can release.
-                            state.cache.unpin(pin);
-                            return wire::encode_error(
-                                h.op,
-                                h.request_id,
-                                PeerStatus::REFUSED,
-                                "say hello again",
-                                out,
-                            );
-                        }
-                    }
+            Served::Compared { pinned } => {
+                count(&self.stats.compares_served);
+                if pinned {
+                    count(&self.stats.remote_dedups);
                 }
-                PeerResponse::Compared(handle)
             }
-            PeerRequest::Fetch { pin } => {
-                self.stats.fetches_served.fetch_add(1, Ordering::Relaxed);
-                let owned = self.owners.lock().lookup(from, pin);
-                let mut page = vec![0u8; self.page_size];
-                if owned.is_some_and(|pin| state.cache.read_pin(pin, &mut page)) {
-                    PeerResponse::Fetched(Some(&page)).encode(h.op, h.request_id, out);
-                    return;
-                }
-                PeerResponse::Fetched(None)
+            Served::Fetched => {
+                count(&self.stats.fetches_served);
             }
-            PeerRequest::Unpin { pins } => {
-                let mine = self.owners.lock().unpin(from, pins);
-                for p in &mine {
-                    state.cache.unpin(*p);
-                }
-                PeerResponse::Unpinned(mine.len() as u32)
-            }
-        };
-        resp.encode(h.op, h.request_id, out);
-    }
-
-    fn touch(&self, from: &str) {
-        self.owners.lock().touch(from, Instant::now());
+            _ => {}
+        }
     }
 
     /// A peer proved its name (HELLO and AUTH): a new epoch means it restarted and holds none of its
@@ -124,6 +70,39 @@ impl Coop {
             state.cache.unpin(*p);
         }
         self.stats.pins_released_epoch.fetch_add(released.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The engine and the pin table as `dd_coop::serve` sees them.
+struct Host<'a> {
+    coop: &'a Coop,
+    state: &'a ServerState,
+}
+
+impl PinHost for Host<'_> {
+    fn page_size(&self) -> usize {
+        self.coop.page_size
+    }
+    fn max_pins(&self) -> u64 {
+        self.coop.cfg.max_pins
+    }
+    fn pins_held(&self) -> u64 {
+        self.state.cache.pins_held()
+    }
+    fn pin(&self, hash: u128, page: &[u8]) -> Option<u64> {
+        self.state.cache.pin(hash, page)
+    }
+    fn read_pin(&self, pin: u64, out: &mut [u8]) -> bool {
+        self.state.cache.read_pin(pin, out)
+    }
+    fn unpin(&self, pin: u64) {
+        self.state.cache.unpin(pin);
+    }
+    fn with_pins<R>(&self, f: impl FnOnce(&mut PinTable) -> R) -> R {
+        f(&mut self.coop.owners.lock())
+    }
+    fn draw_handle(&self) -> u64 {
+        self.coop.rng.lock().next_u64()
     }
 }
 
