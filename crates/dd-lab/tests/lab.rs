@@ -241,3 +241,36 @@ fn a_store_no_spec_uses_is_left_out_and_changes_no_output() {
     });
     assert!(dd_lab::backend_config(&resized, dir.path()).ssd_pages > 0, "the timeline resizes it");
 }
+
+/// `cache_order` reaches the engine. A file A is read, pushed out of the pool by a scan, read again,
+/// then a second scan runs and A is read a third time. A FIFO pool has given A up to the second scan,
+/// so the third read misses. An S3-FIFO pool remembers A in its ghost queue when A comes back, keeps it
+/// in the main queue, and lets the second scan's pages (new, never seen) go through the small queue
+/// alone, so the third read of A hits. LRU evicts as FIFO does in an exclusive pool (every hit removes
+/// the page). An unknown order is refused naming the field.
+#[test]
+fn a_containers_cache_order_is_its_pools_eviction_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = "object,index,pages,op\n1,0,100,R\n2,0,300,R\n1,0,100,R\n3,0,300,R\n1,0,100,R\n";
+    std::fs::write(dir.path().join("scan.csv"), csv).unwrap();
+    let mem_hits = |order: &str| {
+        let mut sc = Scenario::trace_replay("scan.csv", 16, 1.0, 100_000.0);
+        sc.vms[0].containers[0].cache_order = serde_json::from_value(serde_json::json!(order)).unwrap();
+        // One page at a time, so that the order alone picks what goes (a 2 MiB batch empties the pool).
+        sc.host.eviction_batch_mib = 1.0 / 256.0;
+        sc.sample_interval_s = 1000.0;
+        let opts = RunOptions { base_dir: Some(dir.path().to_path_buf()), ..Default::default() };
+        let res = run_scenario(&sc, &opts, &mut |_, _| {}).unwrap();
+        let t = &res.runs[0].totals[0];
+        assert_eq!(t.pc_hits + t.pc_misses, 900, "the whole trace was replayed once");
+        t.mem_hits
+    };
+    let (fifo, lru, s3) = (mem_hits("fifo"), mem_hits("lru"), mem_hits("s3-fifo"));
+    assert_eq!(fifo, 0, "the scans push A out of a FIFO pool");
+    assert_eq!(lru, fifo, "an exclusive LRU pool evicts in FIFO order");
+    assert_eq!(s3, 100, "S3-FIFO's main queue keeps all of A through the second scan");
+    let bad = "name = \"x\"\nduration_s = 10\n[[vms]]\nname = \"vm\"\nmemory_mib = 64\n[[vms.containers]]\n\
+               name = \"c\"\ncache_order = \"mru\"\nworkload = { kind = \"trace\", path = \"scan.csv\" }\n";
+    let err = Scenario::from_toml(bad).unwrap_err().to_string();
+    assert!(err.contains("cache_order"), "{err}");
+}

@@ -253,6 +253,10 @@ pub struct Container {
     /// Default `{ type = "mem", weight = 100 }`.
     #[serde(default = "d_spec")]
     pub cache: Spec,
+    /// The order in which the container's (ephemeral) pool gives up pages when it is the eviction
+    /// victim: `fifo` (the paper's), `lru`, `clock` or `s3-fifo`. Default `fifo`.
+    #[serde(default)]
+    pub cache_order: dd_engine::EvictionOrder,
     /// Swapped-out anonymous pages go to a persistent pool of this spec instead of the swap disk.
     /// Default none (swap disk).
     #[serde(default)]

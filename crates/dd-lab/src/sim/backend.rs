@@ -14,8 +14,8 @@
 use crate::error::LabError;
 use dd_engine::config::{DirectIo, IoBackend, Maintenance, SsdStoreConfig};
 use dd_engine::{
-    Cache, Counters, EngineConfig, Key, Mode, PoolHandle, PoolId, PoolKind, PoolOptions, Spec, StoreKind,
-    VmId, VmWeights,
+    Cache, Counters, EngineConfig, Key, Mode, PoolHandle, PoolId, PoolOptions, Spec, StoreKind, VmId,
+    VmWeights,
 };
 use std::path::PathBuf;
 
@@ -27,7 +27,7 @@ const MAGIC: u32 = 0xdd1a_b5a7;
 pub trait SecondChance {
     fn add_vm(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError>;
     fn set_vm_weights(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError>;
-    fn new_pool(&mut self, vm: u32, kind: PoolKind, spec: Spec) -> Result<u32, LabError>;
+    fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError>;
     fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError>;
     fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError>;
     fn set_capacity(&mut self, store: StoreKind, pages: u64) -> Result<(), LabError>;
@@ -274,13 +274,9 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
     fn set_vm_weights(&mut self, vm: u32, mem_weight: u32, ssd_weight: u32) -> Result<(), LabError> {
         self.ops.set_vm_weights(vm, VmWeights { mem: mem_weight, ssd: ssd_weight })
     }
-    fn new_pool(&mut self, vm: u32, kind: PoolKind, spec: Spec) -> Result<u32, LabError> {
-        let opts = match kind {
-            PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
-            PoolKind::Persistent => PoolOptions::persistent(spec),
-        };
+    fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError> {
         let p = self.ops.new_pool(vm, opts)?;
-        self.spec_cache.insert(p, spec);
+        self.spec_cache.insert(p, opts.spec);
         Ok(p)
     }
     fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
@@ -373,6 +369,7 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dd_engine::PoolKind;
 
     /// A 64-page memory store with VM 1 and one memory pool of `kind` in it.
     fn one_pool(kind: PoolKind) -> (EngineBackend, u32) {
@@ -386,7 +383,12 @@ mod tests {
         })
         .unwrap();
         b.add_vm(1, 100, 100).unwrap();
-        let p = b.new_pool(1, kind, Spec::Mem { weight: 100 }).unwrap();
+        let spec = Spec::Mem { weight: 100 };
+        let opts = match kind {
+            PoolKind::Ephemeral => PoolOptions::ephemeral(spec),
+            PoolKind::Persistent => PoolOptions::persistent(spec),
+        };
+        let p = b.new_pool(1, opts).unwrap();
         (b, p)
     }
 
@@ -426,7 +428,7 @@ mod tests {
         .unwrap();
         b.add_vm(1, 100, 100).unwrap();
         let p =
-            b.new_pool(1, PoolKind::Ephemeral, Spec::Hybrid { mem_weight: 100, ssd_weight: 100 }).unwrap();
+            b.new_pool(1, PoolOptions::ephemeral(Spec::Hybrid { mem_weight: 100, ssd_weight: 100 })).unwrap();
         for i in 0..64 {
             b.put(1, p, 1, i, 1).unwrap();
         }
@@ -470,7 +472,7 @@ mod tests {
     fn regression_two_vms_with_the_same_pool_id_keep_their_own_pools() {
         let (mut b, p1) = one_pool(PoolKind::Ephemeral);
         b.add_vm(2, 100, 100).unwrap();
-        let p2 = b.new_pool(2, PoolKind::Ephemeral, Spec::Mem { weight: 100 }).unwrap();
+        let p2 = b.new_pool(2, PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
         assert_eq!(p1, p2, "pool ids are per VM: both VMs' first pool has the same id");
         b.put(1, p1, 7, 3, 1).unwrap();
         b.put(2, p2, 7, 3, 2).unwrap();

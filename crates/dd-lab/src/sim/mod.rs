@@ -34,7 +34,7 @@ use crate::model::workload::{Fileset, Role, Trace, Window};
 use crate::scenario::{mib_pages, Event, Scenario, Timing, Variant};
 use crate::sim::backend::SecondChance;
 use crate::sim::streams::Streams;
-use dd_engine::{Counters, PoolKind, Spec, StoreKind};
+use dd_engine::{Counters, EvictionOrder, PoolOptions, Spec, StoreKind};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -142,6 +142,8 @@ struct Ct {
     cg: usize,
     enabled: bool,
     spec: Spec,
+    /// The eviction order of its ephemeral pool (a persistent pool never evicts).
+    order: EvictionOrder,
     swap_spec: Option<Spec>,
     pool: Option<u32>,
     swap_pool: Option<u32>,
@@ -541,9 +543,10 @@ impl<B: SecondChance> Sim<B> {
                 }
                 let vm = self.cts[c].vm as u32 + 1;
                 let spec = self.cts[c].spec;
-                self.cts[c].pool = Some(self.backend.new_pool(vm, PoolKind::Ephemeral, spec)?);
+                let opts = PoolOptions::ephemeral(spec).with_order(self.cts[c].order);
+                self.cts[c].pool = Some(self.backend.new_pool(vm, opts)?);
                 if let Some(s) = self.cts[c].swap_spec {
-                    self.cts[c].swap_pool = Some(self.backend.new_pool(vm, PoolKind::Persistent, s)?);
+                    self.cts[c].swap_pool = Some(self.backend.new_pool(vm, PoolOptions::persistent(s))?);
                 }
                 let ct = &mut self.cts[c];
                 ct.running = true;

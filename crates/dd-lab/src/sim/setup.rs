@@ -145,6 +145,7 @@ impl<B: SecondChance> Sim<B> {
             cg,
             enabled,
             spec: c.cache,
+            order: c.cache_order,
             swap_spec: c.swap_cache,
             pool: None,
             swap_pool: None,
