@@ -8,7 +8,8 @@
 //! keeps for its peers ([`pins`]: the state machine, time passed in), the client side's decisions
 //! ([`peers`]: peer choice, back-off, unpin retries, the accept rule of a remotified get) and the
 //! [`transport`] trait they send requests through, and the listener's answer to one authenticated
-//! peer request ([`serve`]: Algorithm 4, the engine behind a trait). The daemon's
+//! peer request ([`serve`]: Algorithm 4, the engine behind a trait), with an in-memory host for tests
+//! and fuzzing (`testing`, feature `testing`). The daemon's
 //! peer listener, client and remotifier are in `dd-server`'s `coop` module.
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
@@ -17,6 +18,8 @@ pub mod identity;
 pub mod peers;
 pub mod pins;
 pub mod serve;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod transport;
 pub mod wire;
 

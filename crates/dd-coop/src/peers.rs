@@ -9,7 +9,10 @@
 //!
 //! Invariants:
 //! * **A failed peer is skipped for the back-off** ([`Backoff`]): no request goes to it until
-//!   `peer_backoff_ms` after its last failure, or until a publication (the heartbeat) clears it.
+//!   `peer_backoff_ms` after its last failure, or until a publication (the heartbeat) clears it. A
+//!   failure is what [`starts_backoff`] says: no answer, or an answer that ends the session; never an
+//!   answer about one request (see there for why). The daemon and the tests' fake network both gate
+//!   their requests with [`Backoff::check`] and [`Backoff::record`], so they cannot disagree.
 //! * **Holders in membership order, at most `max_holders`** ([`HolderSearch`]): candidates are the
 //!   active peers whose fresh summary may contain the page's hash ([`is_candidate`]); they are asked
 //!   in order until enough pinned an equal frame; holders are kept in the order they answered.
@@ -22,7 +25,7 @@
 //!   it itself), and so is every unpin for an epoch found dead.
 
 use crate::transport::{PeerTransport, TransportError};
-use crate::wire::{PeerOp, PeerRequest, PeerResponse, MAX_UNPIN};
+use crate::wire::{PeerOp, PeerRequest, PeerResponse, PeerStatus, MAX_UNPIN};
 use crate::BloomFilter;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -39,6 +42,26 @@ impl Backoff {
         self.down_until.is_some_and(|t| now < t)
     }
 
+    /// The gate before a request: [`TransportError::Down`] while the peer is skipped at `now`.
+    pub fn check(&self, now: Instant) -> Result<(), TransportError> {
+        if self.is_down(now) {
+            Err(TransportError::Down)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The gate after a request that failed with `e` at `now`: starts the back-off if
+    /// [`starts_backoff`] says so. Returns whether it did (the caller then drops its connections,
+    /// whose state is unknown, and counts the failure).
+    pub fn record(&mut self, e: &TransportError, now: Instant, backoff: Duration) -> bool {
+        let starts = starts_backoff(e);
+        if starts {
+            self.failed(now, backoff);
+        }
+        starts
+    }
+
     /// The peer failed at `now`: skip it for `backoff`.
     pub fn failed(&mut self, now: Instant, backoff: Duration) {
         self.down_until = Some(now + backoff);
@@ -52,6 +75,32 @@ impl Backoff {
     /// Ends the back-off early (a publication is also the heartbeat that finds a peer back).
     pub fn clear(&mut self) {
         self.down_until = None;
+    }
+}
+
+/// Whether a request that failed with `e` means the peer is unusable for now, so that it is skipped
+/// for the back-off.
+///
+/// The back-off exists so that a dead or unreachable peer does not cost every eviction and every get a
+/// timeout (or a connect and a signed handshake). So it starts when the peer gave no answer (a
+/// timeout, a refused or closed connection, an address that does not resolve, a peer that did not
+/// prove its name, a frame that does not parse) and when its answer ends the session
+/// ([`PeerStatus::ends_session`]: authentication failed, or the listener could not read the frame; it
+/// closes the connection, and every request would meet the same). It does not start on a status answer
+/// about one request (malformed, unknown op, refused: a summary of another size, a pin-table entry that
+/// expired): the peer is alive, answered at once and the connection is in step, so skipping it would
+/// only lose its next answers. Negative answers (no equal frame, a pin no longer held) are successes
+/// of the transport and never reach here. Nor does it start on [`TransportError::Down`] (the peer is
+/// already skipped: the back-off is not extended by requests it refused to send) or
+/// [`TransportError::EpochChanged`] (nothing was sent; a restarted peer is healthy).
+pub fn starts_backoff(e: &TransportError) -> bool {
+    match e {
+        TransportError::Down | TransportError::EpochChanged => false,
+        TransportError::Status(s) => PeerStatus(*s).ends_session(),
+        TransportError::Timeout
+        | TransportError::Refused
+        | TransportError::Closed
+        | TransportError::Other(_) => true,
     }
 }
 
@@ -386,6 +435,50 @@ pub fn group_unpins(holders: impl IntoIterator<Item = Granted>) -> HashMap<(u32,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn back_off_starts_on_no_answer_or_an_ended_session_never_on_an_answer_about_one_request() {
+        let t0 = Instant::now();
+        let d = Duration::from_millis(100);
+        for e in [
+            TransportError::Timeout,
+            TransportError::Refused,
+            TransportError::Closed,
+            TransportError::Other("did not prove its name".into()),
+            TransportError::Status(PeerStatus::AUTH_FAILED.0),
+            TransportError::Status(PeerStatus::NOT_AUTHENTICATED.0),
+            TransportError::Status(PeerStatus::TOO_LARGE.0),
+            TransportError::Status(PeerStatus::BAD_FRAME.0),
+        ] {
+            let mut b = Backoff::default();
+            assert_eq!(b.check(t0), Ok(()));
+            assert!(b.record(&e, t0, d), "{e:?} must start the back-off");
+            assert_eq!(b.check(t0 + d / 2), Err(TransportError::Down), "{e:?}");
+            assert_eq!(b.remaining(t0 + d / 2), d / 2);
+            assert_eq!(b.check(t0 + d), Ok(()), "{e:?}: the back-off ends");
+        }
+        for e in [
+            TransportError::Down,
+            TransportError::EpochChanged,
+            TransportError::Status(PeerStatus::MALFORMED.0),
+            TransportError::Status(PeerStatus::UNKNOWN_OP.0),
+            TransportError::Status(PeerStatus::REFUSED.0),
+            // A status this version does not know is still an answer.
+            TransportError::Status(999),
+        ] {
+            let mut b = Backoff::default();
+            assert!(!b.record(&e, t0, d), "{e:?} must not start the back-off");
+            assert_eq!(b.check(t0), Ok(()), "{e:?}");
+        }
+        // Requests refused while down do not extend it; a publication's heartbeat ends it early.
+        let mut b = Backoff::default();
+        b.record(&TransportError::Timeout, t0, d);
+        b.record(&TransportError::Down, t0 + d / 2, d);
+        assert_eq!(b.check(t0 + d), Ok(()));
+        b.record(&TransportError::Closed, t0 + d, d);
+        b.clear();
+        assert_eq!(b.check(t0 + d), Ok(()));
+    }
 
     #[test]
     fn a_restart_or_a_silence_past_the_ttl_forgets_references_once() {

@@ -69,6 +69,19 @@ impl PeerStatus {
     /// The receiver does not do co-operative de-duplication with this sender (summary of the wrong
     /// size, de-duplication off).
     pub const REFUSED: PeerStatus = PeerStatus(7);
+
+    /// Whether the listener closes the connection after this answer (a failed handshake, a frame it
+    /// cannot read): the session is over, unlike an answer about one request, after which the
+    /// connection stays in step. `peers::starts_backoff` backs off after these.
+    pub fn ends_session(self) -> bool {
+        matches!(
+            self,
+            PeerStatus::AUTH_FAILED
+                | PeerStatus::NOT_AUTHENTICATED
+                | PeerStatus::TOO_LARGE
+                | PeerStatus::BAD_FRAME
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

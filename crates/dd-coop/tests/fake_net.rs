@@ -6,10 +6,10 @@
 //! sockets, no threads, no clocks: time is a counter advanced per request.
 
 use dd_coop::peers::{self, accept_fetched, Backoff, Granted, SearchOutcome, UnpinQueue, UnpinResult};
-use dd_coop::pins::PinTable;
-use dd_coop::serve::{self, PinHost, Served};
+use dd_coop::serve::{self, Served};
+use dd_coop::testing::MemHost;
 use dd_coop::transport::{PeerTransport, TransportError};
-use dd_coop::wire::{parse_header, PeerRequest, ABSOLUTE_MAX_PAYLOAD, HEADER_LEN};
+use dd_coop::wire::{parse_header, PeerRequest, PeerStatus, ABSOLUTE_MAX_PAYLOAD, HEADER_LEN};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cell::{Cell, RefCell};
@@ -23,17 +23,11 @@ const TTL: Duration = Duration::from_millis(1000);
 
 struct FakePeer {
     epoch: u64,
-    table: PinTable,
-    /// The frames it holds, by content hash.
-    frames: HashMap<u128, Vec<u8>>,
-    /// Engine pins it holds: pin → content hash.
-    engine: HashMap<u64, u128>,
-    next_pin: u64,
+    /// Its engine and pin table, as the listener's handler sees them.
+    host: MemHost,
     /// Whether our HELLO reached it in its current epoch.
     greeted: bool,
     up: bool,
-    /// Answers fetches with other bytes.
-    corrupt: bool,
     delivered: usize,
 }
 
@@ -41,67 +35,11 @@ impl FakePeer {
     fn new(epoch: u64, frames: &HashMap<u128, Vec<u8>>) -> Self {
         FakePeer {
             epoch,
-            table: PinTable::new(),
-            frames: frames.clone(),
-            engine: HashMap::new(),
-            next_pin: 1,
+            host: MemHost::new(PAGE, frames.clone(), epoch),
             greeted: false,
             up: true,
-            corrupt: false,
             delivered: 0,
         }
-    }
-
-    /// Every engine pin is in the pin table and every table entry names an engine pin.
-    fn check(&self) {
-        assert_eq!(self.engine.len(), self.table.len(), "engine pins and the pin table disagree");
-    }
-}
-
-/// A fake peer's engine and pin table as the real listener code (`dd_coop::serve`) sees them.
-struct FakeHost<'a> {
-    p: RefCell<&'a mut FakePeer>,
-    rng: &'a RefCell<ChaCha8Rng>,
-    max_pins: Cell<u64>,
-}
-
-impl PinHost for FakeHost<'_> {
-    fn page_size(&self) -> usize {
-        PAGE
-    }
-    fn max_pins(&self) -> u64 {
-        self.max_pins.get()
-    }
-    fn pins_held(&self) -> u64 {
-        self.p.borrow().engine.len() as u64
-    }
-    fn pin(&self, hash: u128, page: &[u8]) -> Option<u64> {
-        let mut p = self.p.borrow_mut();
-        if p.frames.get(&hash).is_none_or(|f| f != page) {
-            return None;
-        }
-        let pin = p.next_pin;
-        p.next_pin += 1;
-        p.engine.insert(pin, hash);
-        Some(pin)
-    }
-    fn read_pin(&self, pin: u64, out: &mut [u8]) -> bool {
-        let p = self.p.borrow();
-        let Some(hash) = p.engine.get(&pin) else { return false };
-        out.copy_from_slice(&p.frames[hash]);
-        if p.corrupt {
-            out[0] ^= 1;
-        }
-        true
-    }
-    fn unpin(&self, pin: u64) {
-        self.p.borrow_mut().engine.remove(&pin);
-    }
-    fn with_pins<R>(&self, f: impl FnOnce(&mut PinTable) -> R) -> R {
-        f(&mut self.p.borrow_mut().table)
-    }
-    fn draw_handle(&self) -> u64 {
-        self.rng.borrow_mut().gen()
     }
 }
 
@@ -157,34 +95,37 @@ impl FakeNet {
     }
 
     /// The peer handles one request frame (as the daemon's listener would) and returns the response
-    /// payload, or `None` for an error answer.
-    fn deliver(&self, idx: u32, frame: &[u8]) -> Option<Vec<u8>> {
+    /// payload, or the status of an error answer.
+    fn deliver(&self, idx: u32, frame: &[u8]) -> Result<Vec<u8>, u16> {
         let now = self.now.get();
         let mut peers = self.peers.borrow_mut();
         let p = &mut peers[idx as usize];
         if !p.up {
-            return None;
+            // Only a delayed frame meets a peer that went down since it was sent (`send` checks
+            // first), and its answer is dropped: the frame is lost with the connection.
+            return Err(PeerStatus::BAD_FRAME.0);
         }
         p.delivered += 1;
         if !p.greeted {
             // The connection's handshake: a new epoch of ours releases what the old one held.
-            for pin in p.table.hello(ME, self.my_epoch.get(), now) {
-                p.engine.remove(&pin);
-            }
+            let released = p.host.state_mut().table.hello(ME, self.my_epoch.get(), now);
+            p.host.release(released);
             p.greeted = true;
         }
         let h = parse_header(&frame[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
         let mut out = Vec::new();
-        let host = FakeHost { p: RefCell::new(p), rng: &self.rng, max_pins: Cell::new(u64::MAX) };
-        let served = serve::handle(&host, ME, &h, &frame[HEADER_LEN..], now, &mut out);
-        let p = host.p.into_inner();
-        p.check();
+        let served = serve::handle(&p.host, ME, &h, &frame[HEADER_LEN..], now, &mut out);
+        p.host.check();
         // An error answer (status other than 0) is what the daemon's client turns into a failure.
         let answer = parse_header(&out[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
         if matches!(served, Served::Refused) {
             assert_ne!(answer.status, 0);
         }
-        (answer.status == 0).then(|| out[HEADER_LEN..].to_vec())
+        if answer.status == 0 {
+            Ok(out[HEADER_LEN..].to_vec())
+        } else {
+            Err(answer.status)
+        }
     }
 
     /// Delivers some of the delayed requests (a random one at a time: reordered), responses lost.
@@ -192,13 +133,13 @@ impl FakeNet {
         while !self.delayed.borrow().is_empty() && self.roll(0.5) {
             let i = self.rng.borrow_mut().gen_range(0..self.delayed.borrow().len());
             let (peer, frame) = self.delayed.borrow_mut().swap_remove(i);
-            self.deliver(peer, &frame);
+            let _ = self.deliver(peer, &frame);
         }
     }
 
     fn drain_all_delayed(&self) {
         while let Some((peer, frame)) = self.delayed.borrow_mut().pop() {
-            self.deliver(peer, &frame);
+            let _ = self.deliver(peer, &frame);
         }
     }
 
@@ -217,11 +158,12 @@ impl FakeNet {
     }
 
     fn pins_held(&self) -> usize {
-        self.peers.borrow().iter().map(|p| p.table.len()).sum()
+        self.peers.borrow().iter().map(|p| p.host.state().table.len()).sum()
     }
 }
 
-/// The daemon's `request`: back-off first, then the epoch guard, then the network.
+/// The daemon's `request`: the back-off gate of `dd_coop::peers` (the daemon's rule, not a copy of
+/// it) around the epoch guard and the network.
 impl PeerTransport for FakeNet {
     fn request(
         &self,
@@ -231,19 +173,29 @@ impl PeerTransport for FakeNet {
     ) -> Result<(u64, Vec<u8>), TransportError> {
         self.advance(Duration::from_millis(1));
         let now = self.now.get();
-        if self.backoff.borrow()[peer as usize].is_down(now) {
-            return Err(TransportError::Down);
+        self.backoff.borrow()[peer as usize].check(now)?;
+        let r = self.send(peer, req, epoch);
+        if let Err(e) = &r {
+            self.backoff.borrow_mut()[peer as usize].record(e, now, BACKOFF);
         }
-        let fail = |e: TransportError| {
-            self.backoff.borrow_mut()[peer as usize].failed(now, BACKOFF);
-            Err(e)
-        };
+        r
+    }
+}
+
+impl FakeNet {
+    /// One request through the faulty network, without the back-off gate.
+    fn send(
+        &self,
+        peer: u32,
+        req: &PeerRequest<'_>,
+        epoch: Option<u64>,
+    ) -> Result<(u64, Vec<u8>), TransportError> {
         let (up, peer_epoch) = {
             let peers = self.peers.borrow();
             (peers[peer as usize].up, peers[peer as usize].epoch)
         };
         if !up {
-            return fail(TransportError::Refused);
+            return Err(TransportError::Refused);
         }
         if epoch.is_some_and(|e| e != peer_epoch) {
             return Err(TransportError::EpochChanged);
@@ -254,18 +206,18 @@ impl PeerTransport for FakeNet {
         let mut frame = Vec::new();
         req.encode(id, &mut frame);
         if self.roll(self.faults.lose_request) {
-            return fail(TransportError::Timeout);
+            return Err(TransportError::Timeout);
         }
         if self.roll(self.faults.delay) {
             self.delayed.borrow_mut().push((peer, frame));
-            return fail(TransportError::Timeout);
+            return Err(TransportError::Timeout);
         }
-        let Some(payload) = self.deliver(peer, &frame) else { return fail(TransportError::Status(7)) };
+        let payload = self.deliver(peer, &frame).map_err(TransportError::Status)?;
         if self.roll(self.faults.duplicate) {
-            self.deliver(peer, &frame);
+            let _ = self.deliver(peer, &frame);
         }
         if self.roll(self.faults.lose_response) {
-            return fail(TransportError::Closed);
+            return Err(TransportError::Closed);
         }
         Ok((peer_epoch, payload))
     }
@@ -313,16 +265,15 @@ fn no_pin_leaks_after_a_restart_or_silence_past_the_ttl() {
             for p in net.peers.borrow_mut().iter_mut() {
                 let released = if restart {
                     // We restarted: our HELLO in a new epoch releases everything the old one held.
-                    p.table.hello(ME, 999, t)
+                    p.host.state_mut().table.hello(ME, 999, t)
                 } else {
                     // We fell silent: the TTL releases it all.
-                    p.table.expire(t + TTL, TTL)
+                    p.host.state_mut().table.expire(t + TTL, TTL)
                 };
-                for pin in released {
-                    assert!(p.engine.remove(&pin).is_some(), "released a pin the engine did not hold");
-                }
-                assert!(p.engine.is_empty(), "seed {seed}: {} engine pins leaked", p.engine.len());
-                p.check();
+                p.host.release(released);
+                let left = p.host.state().engine.len();
+                assert_eq!(left, 0, "seed {seed}: {left} engine pins leaked");
+                p.host.check();
             }
         }
     }
@@ -341,7 +292,7 @@ fn a_restart_of_ours_releases_pins_at_the_next_hello() {
     }
     assert_eq!(net.pins_held(), 0);
     for p in net.peers.borrow().iter() {
-        assert!(p.engine.is_empty());
+        assert!(p.host.state().engine.is_empty());
     }
 }
 
@@ -379,7 +330,7 @@ fn holders_come_in_membership_order_up_to_max_holders() {
     let net = FakeNet::new(2, 4, 4, Faults::default());
     let p = page(2);
     // Peer 1 does not hold it (a Bloom false positive): a mismatch, and the search goes on.
-    net.peers.borrow_mut()[1].frames.clear();
+    net.peers.borrow()[1].host.state_mut().frames.clear();
     let (outcome, mismatches) = peers::ask_holders(&net, vec![3, 1, 0, 2], 2, hash(&p), &p, PAGE);
     let SearchOutcome::Pinned(holders) = outcome else { panic!() };
     assert_eq!(holders.iter().map(|h| h.peer).collect::<Vec<_>>(), vec![3, 0]);
@@ -404,7 +355,7 @@ fn a_get_never_accepts_bytes_from_a_restarted_holder_or_with_another_hash() {
             for g in holders {
                 match rng.gen_range(0..4) {
                     0 => net.restart(g.peer, &frames),
-                    1 => net.peers.borrow_mut()[g.peer as usize].corrupt = true,
+                    1 => net.peers.borrow()[g.peer as usize].host.state_mut().corrupt = true,
                     _ => {}
                 }
             }
@@ -413,12 +364,12 @@ fn a_get_never_accepts_bytes_from_a_restarted_holder_or_with_another_hash() {
                 assert_eq!(hash(&out), *h, "seed {seed} ref {i}: accepted wrong bytes");
                 let ok = holders.iter().any(|g| {
                     let peers = net.peers.borrow();
-                    peers[g.peer as usize].epoch == g.epoch && !peers[g.peer as usize].corrupt
+                    peers[g.peer as usize].epoch == g.epoch && !peers[g.peer as usize].host.state().corrupt
                 });
                 assert!(ok, "seed {seed} ref {i}: a hit from no intact holder");
             }
-            for p in net.peers.borrow_mut().iter_mut() {
-                p.corrupt = false;
+            for p in net.peers.borrow().iter() {
+                p.host.state_mut().corrupt = false;
             }
             net.advance(BACKOFF);
         }
@@ -454,7 +405,11 @@ fn unpins_lost_in_transit_are_retried_until_released() {
         net.drain_all_delayed();
         let peers = net.peers.borrow();
         for g in &granted {
-            assert_eq!(peers[g.peer as usize].table.lookup(ME, g.pin), None, "seed {seed}: {g:?} leaked");
+            assert_eq!(
+                peers[g.peer as usize].host.state().table.lookup(ME, g.pin),
+                None,
+                "seed {seed}: {g:?} leaked"
+            );
         }
         assert_eq!(net.pins_held(), 0);
     }
@@ -471,11 +426,10 @@ fn unpins_lost_in_transit_are_retried_until_released() {
 #[test]
 fn the_listener_pins_nothing_past_max_pins_or_for_an_expired_peer() {
     let frames: HashMap<u128, Vec<u8>> = (0..4).map(|i| (hash(&page(i)), page(i))).collect();
-    let mut peer = FakePeer::new(1, &frames);
-    let rng = RefCell::new(ChaCha8Rng::seed_from_u64(3));
+    let host = MemHost::new(PAGE, frames, 3);
     let t0 = Instant::now();
-    peer.table.hello(ME, 1, t0);
-    let host = FakeHost { p: RefCell::new(&mut peer), rng: &rng, max_pins: Cell::new(1) };
+    host.state_mut().table.hello(ME, 1, t0);
+    host.state_mut().max_pins = 1;
     let ask = |i: u64, now: Instant| {
         let p = page(i);
         let mut frame = Vec::new();
@@ -496,13 +450,11 @@ fn the_listener_pins_nothing_past_max_pins_or_for_an_expired_peer() {
         dd_coop::wire::PeerResponse::Compared(None)
     );
     // The peer's entry expired: the pin it would get is released at once and it must say hello again.
-    host.max_pins.set(10);
-    let released = host.p.borrow_mut().table.expire(t0 + TTL, TTL);
-    for pin in released {
-        host.p.borrow_mut().engine.remove(&pin);
-    }
+    host.state_mut().max_pins = 10;
+    let released = host.state_mut().table.expire(t0 + TTL, TTL);
+    host.release(released);
     let (_, status, _) = ask(2, t0 + TTL);
     assert_ne!(status, 0);
-    assert!(host.p.borrow().engine.is_empty(), "a pin nobody can release was kept");
-    host.p.borrow().check();
+    assert!(host.state().engine.is_empty(), "a pin nobody can release was kept");
+    host.check();
 }

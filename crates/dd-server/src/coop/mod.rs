@@ -47,7 +47,7 @@ use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
 use dd_coop::peers::{self, Backoff, Forget, Granted, Liveness, SearchOutcome, UnpinQueue};
 use dd_coop::pins::PinTable;
 use dd_coop::transport::{PeerTransport, TransportError};
-use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
+use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, HEADER_LEN};
 use dd_coop::BloomFilter;
 use dd_engine::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -135,14 +135,11 @@ struct Peer {
     log: Mutex<(Option<Instant>, u64)>,
 }
 
-/// Why a peer request failed (all of them end in a miss or a plain eviction).
+/// Why a connect or an exchange with a peer failed, in detail for the log; `transport_error` gives
+/// the [`TransportError`] the decisions see (all of them end in a miss or a plain eviction).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PeerError {
-    #[error("peer is backing off after a failure")]
-    Down,
-    #[error("peer restarted (epoch changed)")]
-    EpochChanged,
     #[error("peer i/o: {0}")]
     Io(#[from] std::io::Error),
     #[error("peer answered status {0}")]
@@ -464,60 +461,67 @@ impl Coop {
         Ok((h, payload))
     }
 
-    /// One request to a peer over a pooled connection. With `epoch`, fails with
-    /// [`PeerError::EpochChanged`] unless the peer still runs in that epoch.
+    /// One request to a peer over a pooled connection, behind the back-off gate of
+    /// `dd_coop::peers` (`Backoff::check`, then `Backoff::record` of a failure: the rule the tests'
+    /// fake network uses too). With `epoch`, fails with [`TransportError::EpochChanged`] unless the
+    /// peer still runs in that epoch.
     fn request(
         &self,
         peer: &Peer,
         req: &PeerRequest<'_>,
         epoch: Option<u64>,
-    ) -> Result<(u64, Vec<u8>), PeerError> {
-        if peer.backoff.lock().is_down(Instant::now()) {
-            return Err(PeerError::Down);
-        }
+    ) -> Result<(u64, Vec<u8>), TransportError> {
+        peer.backoff.lock().check(Instant::now())?;
         let pooled = peer.conns.lock().pop();
         let mut conn = match pooled {
             Some(c) => c,
             None => match self.connect(peer) {
                 Ok(c) => c,
-                Err(e) => {
-                    self.mark_down(peer, &e);
-                    return Err(e);
-                }
+                Err(e) => return Err(self.failed(peer, &e)),
             },
         };
         if epoch.is_some_and(|e| e != conn.epoch) {
             peer.conns.lock().push(conn);
-            return Err(PeerError::EpochChanged);
+            return Err(TransportError::EpochChanged);
         }
         match self.exchange(&mut conn, req) {
             Ok((_, payload)) => {
                 let e = conn.epoch;
                 peer.liveness.lock().answered(Instant::now());
-                let mut pool = peer.conns.lock();
-                if pool.len() < MAX_POOLED {
-                    pool.push(conn);
-                }
+                self.pool(peer, conn);
                 Ok((e, payload))
             }
-            Err(PeerError::Status(s)) if s != PeerStatus::AUTH_FAILED.0 => {
-                // An error answer leaves the connection in step: keep it.
-                let mut pool = peer.conns.lock();
-                if pool.len() < MAX_POOLED {
-                    pool.push(conn);
-                }
-                Err(PeerError::Status(s))
-            }
             Err(e) => {
-                // The connection's state is unknown (a late response may still arrive): drop it.
-                self.mark_down(peer, &e);
-                Err(e)
+                let te = self.failed(peer, &e);
+                if !peers::starts_backoff(&te) {
+                    // An answer about this one request leaves the connection in step: keep it.
+                    self.pool(peer, conn);
+                }
+                Err(te)
             }
         }
     }
 
+    fn pool(&self, peer: &Peer, conn: Conn) {
+        let mut pool = peer.conns.lock();
+        if pool.len() < MAX_POOLED {
+            pool.push(conn);
+        }
+    }
+
+    /// A request to `peer` failed with `e`: the back-off starts now if `dd_coop::peers::starts_backoff`
+    /// says so (then the peer's connections, whose state is unknown since a late response may still
+    /// arrive, are dropped and the failure counted and logged).
+    fn failed(&self, peer: &Peer, e: &PeerError) -> TransportError {
+        let te = transport_error(e);
+        let backoff = Duration::from_millis(self.cfg.peer_backoff_ms);
+        if peer.backoff.lock().record(&te, Instant::now(), backoff) {
+            self.mark_down(peer, e);
+        }
+        te
+    }
+
     fn mark_down(&self, peer: &Peer, e: &PeerError) {
-        peer.backoff.lock().failed(Instant::now(), Duration::from_millis(self.cfg.peer_backoff_ms));
         peer.conns.lock().clear();
         self.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
         // Logged, but at most once per peer every LOG_EVERY (a dead peer fails every request).
@@ -706,21 +710,24 @@ impl PeerTransport for Coop {
         epoch: Option<u64>,
     ) -> Result<(u64, Vec<u8>), TransportError> {
         let Some(p) = self.peer(peer) else { return Err(TransportError::Other("no such peer".into())) };
-        Coop::request(self, &p, req, epoch).map_err(|e| match e {
-            PeerError::Down => TransportError::Down,
-            PeerError::EpochChanged => TransportError::EpochChanged,
-            PeerError::Status(s) => TransportError::Status(s),
-            PeerError::Io(e) => match e.kind() {
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => TransportError::Timeout,
-                std::io::ErrorKind::ConnectionRefused => TransportError::Refused,
-                std::io::ErrorKind::UnexpectedEof
-                | std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe => TransportError::Closed,
-                _ => TransportError::Other(e.to_string()),
-            },
-            e => TransportError::Other(e.to_string()),
-        })
+        Coop::request(self, &p, req, epoch)
+    }
+}
+
+/// The transport's view of a failure (what `dd_coop::peers` decides on).
+fn transport_error(e: &PeerError) -> TransportError {
+    match e {
+        PeerError::Status(s) => TransportError::Status(*s),
+        PeerError::Io(e) => match e.kind() {
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => TransportError::Timeout,
+            std::io::ErrorKind::ConnectionRefused => TransportError::Refused,
+            std::io::ErrorKind::UnexpectedEof
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::BrokenPipe => TransportError::Closed,
+            _ => TransportError::Other(e.to_string()),
+        },
+        e => TransportError::Other(e.to_string()),
     }
 }
 
