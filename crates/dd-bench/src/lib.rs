@@ -15,7 +15,9 @@
 //! * [`tenants`]: VM A's verified load with and without each attack of VM B on the same daemon.
 //! * [`remote`]: remotify and remotified-get latency with two daemons (co-operative de-duplication).
 //! * [`daemon`]: starts and stops a real `doubledecker serve` process for `server` and `soak`.
+//! * [`cpu`]: another process's CPU time from `/proc/<pid>/stat` (what `server` charges each server).
 
+pub mod cpu;
 pub mod daemon;
 pub mod dedup;
 pub mod fuse;

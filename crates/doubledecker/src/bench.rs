@@ -74,9 +74,10 @@ pub struct ServerArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Client connections, one thread each, for both servers.
-    #[arg(long, default_value_t = 4)]
-    connections: usize,
+    /// Client connections, one thread each, for both servers; a comma-separated list is a sweep, one
+    /// row per count, each server started afresh for each (e.g. `1,4,16,64`).
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    connections: Vec<usize>,
     /// Requests in flight per connection (pipeline depth).
     #[arg(long, default_value_t = 4)]
     depth: usize,
@@ -372,8 +373,7 @@ fn server(a: ServerArgs) -> Result<()> {
     }
     let p = &r.parameters;
     outln!(
-        "{} connections x depth {} x batch {}, {} B values, {:.0}% gets, {} keys ({}), {} server threads",
-        p.connections,
+        "depth {} x batch {}, {} B values, {:.0}% gets, {} keys ({}), {} server threads",
         p.pipeline_depth,
         p.batch_keys,
         p.value_size_bytes,
@@ -383,29 +383,38 @@ fn server(a: ServerArgs) -> Result<()> {
         p.server_threads
     );
     outln!(
-        "{:<14} {:>12} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "{:>5} {:<14} {:>12} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "conns",
         "server",
         "ops/s",
         "hit",
         "get p50",
         "get p99",
         "put p50",
-        "put p99"
+        "put p99",
+        "CPU us/op"
     );
-    for s in std::iter::once(&r.doubledecker).chain(r.memcached.as_ref()) {
-        outln!(
-            "{:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us",
-            s.server,
-            s.ops_per_s,
-            s.get_hit_ratio,
-            s.get_p50_us,
-            s.get_p99_us,
-            s.put_p50_us,
-            s.put_p99_us
-        );
-    }
-    if let (Some(x), Some(p99)) = (r.ratio_ops, r.p99_no_worse) {
-        outln!("ops/s ratio {x:.2} (target >= 1.5), p99 no worse: {p99}");
+    for row in &r.rows {
+        for s in std::iter::once(&row.doubledecker).chain(row.memcached.as_ref()) {
+            outln!(
+                "{:>5} {:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us {:>10.2}",
+                row.connections,
+                s.server,
+                s.ops_per_s,
+                s.get_hit_ratio,
+                s.get_p50_us,
+                s.get_p99_us,
+                s.put_p50_us,
+                s.put_p99_us,
+                s.cpu_us_per_op
+            );
+        }
+        if let (Some(x), Some(c), Some(p99)) = (row.ratio_ops, row.ratio_cpu, row.p99_no_worse) {
+            outln!(
+                "{:>5} ops/s ratio {x:.2} (target >= 1.5), CPU/op ratio {c:.2} (target <= 0.67), p99 no worse: {p99}",
+                row.connections
+            );
+        }
     }
     Ok(())
 }

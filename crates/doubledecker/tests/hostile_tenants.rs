@@ -256,12 +256,8 @@ fn threads_cpu(pid: u32) -> Vec<(String, u64, i64)> {
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string();
         let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15,
-        // nice 19 (proc(5)).
-        let f: Vec<&str> = stat.rsplit_once(')').map_or("", |x| x.1).split_whitespace().collect();
-        if f.len() > 16 {
-            let cpu = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
-            v.push((comm, cpu, f[16].parse().unwrap_or(0)));
+        if let Some(s) = dd_bench::cpu::parse_stat(&stat) {
+            v.push((comm, s.cpu_ticks(), s.nice));
         }
     }
     v

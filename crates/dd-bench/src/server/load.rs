@@ -1,12 +1,14 @@
 //! The load generator, generic over [`Backend`](super::Backend): key distributions, one connection's
-//! warm-up, mixed load and latency histograms, and the threads that drive all connections at once.
+//! warm-up, mixed load and latency histograms, and the threads that drive all connections at once,
+//! with the server process's CPU time read over the measured window.
 
 use super::{stamp, Backend, Result, ServerResult, VALUE_SIZE};
+use crate::cpu;
 use hdrhistogram::Histogram;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::VecDeque;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Key distribution over `0..keys`.
@@ -90,8 +92,15 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds")
 }
 
-/// One connection's load: fill its share of the key space, barrier, warm-up, measurement.
-pub fn drive<B: Backend>(b: &mut B, spec: &LoadSpec, barrier: &Barrier) -> Result<ConnResult> {
+/// One connection's load: fill its share of the key space, barrier, warm-up, measurement. The first
+/// thread through the barrier sets `start`, so that every connection (and the CPU sampler of
+/// [`run_load`]) starts its warm-up and its measured window at the same instant.
+pub fn drive<B: Backend>(
+    b: &mut B,
+    spec: &LoadSpec,
+    barrier: &Barrier,
+    start: &OnceLock<Instant>,
+) -> Result<ConnResult> {
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ spec.conn as u64);
     let mut vals = vec![0u8; spec.batch * VALUE_SIZE];
     rng.fill_bytes(&mut vals);
@@ -114,7 +123,7 @@ pub fn drive<B: Backend>(b: &mut B, spec: &LoadSpec, barrier: &Barrier) -> Resul
         put_requests: 0,
         measured: Duration::ZERO,
     };
-    let start = Instant::now();
+    let start = *start.get_or_init(Instant::now);
     let record_from = start + spec.warmup;
     let end = record_from + spec.measure;
     // (sent at, is get, keys) of each request in flight, oldest first.
@@ -185,17 +194,27 @@ fn fill<B: Backend>(b: &mut B, spec: &LoadSpec, vals: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// Runs `spec.connections` threads against the backend `connect` makes, and sums their results.
-pub fn run_load<B, F>(name: &str, spec: &LoadSpec, connect: F) -> Result<ServerResult>
+/// Runs `spec.connections` threads against the backend `connect` makes, and sums their results; the
+/// server process `server_pid`'s CPU time (user + system, all its threads) is read when the measured
+/// window opens and once every connection has had its last answer.
+///
+/// The window's edges: requests in flight when it opens are not counted but some of their work falls
+/// inside it, and requests sent before it closes are counted with work done after; both are at most
+/// `connections x depth` requests of the hundreds of thousands measured, and fall on both sides. The
+/// second read comes after the threads are joined, when the server is idle.
+pub fn run_load<B, F>(name: &str, spec: &LoadSpec, server_pid: u32, connect: F) -> Result<ServerResult>
 where
     B: Backend,
     F: Fn(usize) -> Result<B> + Sync,
 {
-    let barrier = Barrier::new(spec.connections);
+    // The connections and this thread, which reads the CPU time when the measured window opens.
+    let barrier = Barrier::new(spec.connections + 1);
+    let start = OnceLock::new();
+    let mut cpu_at_open = Ok(Duration::ZERO);
     let results: Vec<Result<ConnResult>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..spec.connections)
             .map(|c| {
-                let (barrier, connect) = (&barrier, &connect);
+                let (barrier, connect, start) = (&barrier, &connect, &start);
                 let spec = LoadSpec { conn: c, ..spec.clone() };
                 s.spawn(move || {
                     let mut b = match connect(c) {
@@ -206,10 +225,14 @@ where
                             return Err(e);
                         }
                     };
-                    drive(&mut b, &spec, barrier)
+                    drive(&mut b, &spec, barrier, start)
                 })
             })
             .collect();
+        barrier.wait();
+        let open = *start.get_or_init(Instant::now) + spec.warmup;
+        std::thread::sleep(open.saturating_duration_since(Instant::now()));
+        cpu_at_open = cpu::process_cpu(server_pid);
         hs.into_iter().map(|h| h.join().expect("load thread panicked")).collect()
     });
     let mut get_hist = histogram();
@@ -228,7 +251,10 @@ where
         put_p50_us: 0.0,
         put_p99_us: 0.0,
         measured_secs: 0.0,
+        cpu_secs: 0.0,
+        cpu_us_per_op: 0.0,
     };
+    let cpu = cpu::process_cpu(server_pid)?.saturating_sub(cpu_at_open?);
     let mut hits = 0;
     let mut measured = Duration::ZERO;
     for r in results {
@@ -246,6 +272,9 @@ where
     let secs = measured.as_secs_f64().max(1e-9);
     res.measured_secs = measured.as_secs_f64();
     res.ops_per_s = (res.get_ops + res.put_ops) as f64 / secs;
+    res.cpu_secs = cpu.as_secs_f64();
+    // No operation measured (not a case a run that passes reaches): infinite, printed as null.
+    res.cpu_us_per_op = res.cpu_secs * 1e6 / (res.get_ops + res.put_ops) as f64;
     res.get_hit_ratio = if res.get_ops > 0 { hits as f64 / res.get_ops as f64 } else { 0.0 };
     res.get_p50_us = get_hist.value_at_quantile(0.5) as f64;
     res.get_p99_us = get_hist.value_at_quantile(0.99) as f64;

@@ -12,7 +12,8 @@
 //!
 //! # Method (identical for both servers: the generator is generic over [`Backend`])
 //!
-//! * `connections` client threads, one TCP connection each (Nagle off on both).
+//! * `connections` client threads, one TCP connection each (Nagle off on both). A list of counts is a
+//!   sweep: each count runs both servers afresh (start, fill, warm-up, measurement) and is one row.
 //! * Every request is a batch of `batch` distinct keys: a multi-get (`get k1 k2 ...` for memcached,
 //!   GET_BATCH for ours) or a batch of puts (meta `ms <key> 4096 q` commands closed by `mn` for memcached:
 //!   quiet mode answers only errors, `mn` marks the end of the batch; PUT_BATCH for ours). Each connection
@@ -26,6 +27,11 @@
 //! * Warm-up: the connections first put the whole key space (so gets hit), then run the mixed load for
 //!   `warmup_secs` unrecorded; then `seconds` are measured. ops/s counts individual page operations
 //!   (a batch of 16 gets is 16 ops), over the measured time until the last answer arrived.
+//! * CPU: each server's user + system time over the measured window, from `/proc/<pid>/stat` of its
+//!   process (all threads, [`crate::cpu`]), divided by the ops measured: `cpu_us_per_op`. On a 2-core
+//!   machine the load generator takes about half the CPU and other work on the machine moves ops/s,
+//!   so CPU per operation is the fair measure of the server (issue 16, item 1); `ratio_cpu` is ours /
+//!   memcached's (target at most 0.67).
 //!
 //! # Fairness of the get semantics
 //!
@@ -81,8 +87,8 @@ pub struct ServerBenchOptions {
     pub against_memcached: bool,
     /// The memcached executable. Default `memcached` (from PATH).
     pub memcached: PathBuf,
-    /// Client connections, one thread each. Default 4.
-    pub connections: usize,
+    /// Client connections, one thread each; several counts are a sweep, one row each. Default [4].
+    pub connections: Vec<usize>,
     /// Requests in flight per connection. Default 4.
     pub depth: usize,
     /// Keys per request (multi-get / put batch). Default 16.
@@ -106,7 +112,7 @@ impl Default for ServerBenchOptions {
             exe: PathBuf::from("doubledecker"),
             against_memcached: true,
             memcached: PathBuf::from("memcached"),
-            connections: 4,
+            connections: vec![4],
             depth: 4,
             batch: 16,
             get_ratio: 0.9,
@@ -139,12 +145,17 @@ pub struct ServerResult {
     pub put_p50_us: f64,
     pub put_p99_us: f64,
     pub measured_secs: f64,
+    /// The server process's user + system CPU time over the measured window, seconds.
+    pub cpu_secs: f64,
+    /// `cpu_secs` per page operation, microseconds.
+    pub cpu_us_per_op: f64,
 }
 
 /// The parameters both servers ran with.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerBenchParams {
-    pub connections: usize,
+    /// The connection counts, one row each.
+    pub connections: Vec<usize>,
     pub pipeline_depth: usize,
     pub batch_keys: usize,
     pub value_size_bytes: usize,
@@ -161,16 +172,25 @@ pub struct ServerBenchParams {
     pub memcached_version: Option<String>,
 }
 
-/// The report printed by `doubledecker bench server --json`.
+/// Both servers at one connection count.
 #[derive(Debug, Clone, Serialize)]
-pub struct ServerBenchReport {
-    pub parameters: ServerBenchParams,
+pub struct ServerBenchRow {
+    pub connections: usize,
     pub doubledecker: ServerResult,
     pub memcached: Option<ServerResult>,
     /// ours / memcached ops/s; SPEC target: at least 1.5.
     pub ratio_ops: Option<f64>,
+    /// ours / memcached CPU time per operation; issue 16 target: at most 0.67.
+    pub ratio_cpu: Option<f64>,
     /// Our get p99 and put p99 are each at most memcached's.
     pub p99_no_worse: Option<bool>,
+}
+
+/// The report printed by `doubledecker bench server --json`: one row per connection count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerBenchReport {
+    pub parameters: ServerBenchParams,
+    pub rows: Vec<ServerBenchRow>,
 }
 
 /// A server the load generator drives. Requests are queued with `send_*` (pipelining), written by
@@ -284,8 +304,8 @@ fn start_memcached(bin: &PathBuf, memory_mib: u64, threads: usize) -> Result<Mem
 
 fn validate(o: &ServerBenchOptions) -> Result<()> {
     let bad = |field, reason: &str| Err(ServerBenchError::InvalidOption { field, reason: reason.into() });
-    if o.connections == 0 {
-        return bad("connections", "must be at least 1");
+    if o.connections.is_empty() || o.connections.contains(&0) {
+        return bad("connections", "each count must be at least 1");
     }
     if o.depth == 0 {
         return bad("depth", "must be at least 1");
@@ -296,7 +316,7 @@ fn validate(o: &ServerBenchOptions) -> Result<()> {
     if !(0.0..=1.0).contains(&o.get_ratio) {
         return bad("get_ratio", "must be within 0..1");
     }
-    if o.keys < (o.batch * o.connections) as u64 {
+    if o.keys < (o.batch * o.connections.iter().max().unwrap_or(&1)) as u64 {
         return bad("keys", "must be at least batch x connections");
     }
     if o.seconds.is_nan() || o.seconds <= 0.0 || o.warmup_secs.is_nan() || o.warmup_secs < 0.0 {
@@ -317,55 +337,26 @@ pub fn run(o: &ServerBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ser
     // factor 1.25), and each slab class takes whole 1 MiB pages: twice the data plus 64 MiB is ample.
     let mc_mib = data_mib * 2 + 64;
     let mc_version = if o.against_memcached { Some(memcached_version(&o.memcached)?) } else { None };
-    let spec = LoadSpec {
-        conn: 0,
-        connections: o.connections,
-        depth: o.depth,
-        batch: o.batch,
-        get_ratio: o.get_ratio,
-        keys: o.keys,
-        dist: KeyDist::new(o.keys, o.zipf_theta),
-        warmup: Duration::from_secs_f64(o.warmup_secs),
-        measure: Duration::from_secs_f64(o.seconds),
-        seed: o.seed,
-    };
-
-    progress(&format!("doubledecker: {} MiB memory store, {} keys, {} s", dd_mib, o.keys, o.seconds));
-    let vm = BenchVm::new(1);
-    let ours = {
-        let daemon = Daemon::start(&DaemonOptions {
-            exe: o.exe.clone(),
-            mem_capacity_bytes: dd_mib << 20,
-            ssd_capacity_bytes: 0,
-            vms: vec![vm.clone()],
-            extra_toml: String::new(),
-        })?;
-        let mut admin = dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?;
-        let pool = admin.create_cgroup(PoolOptions {
-            kind: PoolKind::Ephemeral,
-            spec: Spec::Mem { weight: 100 },
-            order: EvictionOrder::default(),
-            exclusive_gets: false,
-        })?;
-        let r = run_load("doubledecker", &spec, |_| DdConn::connect(daemon.tcp, &vm, pool))?;
-        let mut d = daemon;
-        d.stop(Duration::from_secs(10))?;
-        r
-    };
-
-    let theirs = if o.against_memcached {
-        progress(&format!("memcached: -m {mc_mib} -t {threads}, {} keys, {} s", o.keys, o.seconds));
-        let mc = start_memcached(&o.memcached, mc_mib, threads)?;
-        let r = run_load("memcached", &spec, |_| MemcachedConn::connect(mc.addr))?;
-        drop(mc);
-        Some(r)
-    } else {
-        None
-    };
+    let mut rows = Vec::with_capacity(o.connections.len());
+    for &connections in &o.connections {
+        let spec = LoadSpec {
+            conn: 0,
+            connections,
+            depth: o.depth,
+            batch: o.batch,
+            get_ratio: o.get_ratio,
+            keys: o.keys,
+            dist: KeyDist::new(o.keys, o.zipf_theta),
+            warmup: Duration::from_secs_f64(o.warmup_secs),
+            measure: Duration::from_secs_f64(o.seconds),
+            seed: o.seed,
+        };
+        rows.push(run_row(o, &spec, dd_mib, mc_mib, threads, progress)?);
+    }
 
     Ok(ServerBenchReport {
         parameters: ServerBenchParams {
-            connections: o.connections,
+            connections: o.connections.clone(),
             pipeline_depth: o.depth,
             batch_keys: o.batch,
             value_size_bytes: VALUE_SIZE,
@@ -384,7 +375,66 @@ pub fn run(o: &ServerBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ser
             memcached_memory_mib: o.against_memcached.then_some(mc_mib),
             memcached_version: mc_version,
         },
+        rows,
+    })
+}
+
+/// Both servers at `spec.connections`, each started afresh for it, so a row does not inherit the
+/// previous row's connections or memory layout.
+fn run_row(
+    o: &ServerBenchOptions,
+    spec: &LoadSpec,
+    dd_mib: u64,
+    mc_mib: u64,
+    threads: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ServerBenchRow> {
+    progress(&format!(
+        "doubledecker: {dd_mib} MiB memory store, {} keys, {} connections, {} s",
+        o.keys, spec.connections, o.seconds
+    ));
+    let vm = BenchVm::new(1);
+    let ours = {
+        let daemon = Daemon::start(&DaemonOptions {
+            exe: o.exe.clone(),
+            mem_capacity_bytes: dd_mib << 20,
+            ssd_capacity_bytes: 0,
+            vms: vec![vm.clone()],
+            // The load's connections and the one that created the pool are one VM's: above the
+            // default 64 per VM a sweep's largest count would be answered `busy` (memcached is started
+            // with `-c 1024`).
+            extra_toml: format!("[limits]\nmax_connections_per_vm = {}\n", (spec.connections + 1).max(64)),
+        })?;
+        let mut admin = dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?;
+        let pool = admin.create_cgroup(PoolOptions {
+            kind: PoolKind::Ephemeral,
+            spec: Spec::Mem { weight: 100 },
+            order: EvictionOrder::default(),
+            exclusive_gets: false,
+        })?;
+        let r = run_load("doubledecker", spec, daemon.pid, |_| DdConn::connect(daemon.tcp, &vm, pool))?;
+        let mut d = daemon;
+        d.stop(Duration::from_secs(10))?;
+        r
+    };
+
+    let theirs = if o.against_memcached {
+        progress(&format!(
+            "memcached: -m {mc_mib} -t {threads}, {} keys, {} connections, {} s",
+            o.keys, spec.connections, o.seconds
+        ));
+        let mc = start_memcached(&o.memcached, mc_mib, threads)?;
+        let r = run_load("memcached", spec, mc.child.id(), |_| MemcachedConn::connect(mc.addr))?;
+        drop(mc);
+        Some(r)
+    } else {
+        None
+    };
+
+    Ok(ServerBenchRow {
+        connections: spec.connections,
         ratio_ops: theirs.as_ref().map(|m| ours.ops_per_s / m.ops_per_s),
+        ratio_cpu: theirs.as_ref().map(|m| ours.cpu_us_per_op / m.cpu_us_per_op),
         p99_no_worse: theirs
             .as_ref()
             .map(|m| ours.get_p99_us <= m.get_p99_us && ours.put_p99_us <= m.put_p99_us),
