@@ -6,6 +6,18 @@
 //! request id, payload length; little-endian) and a payload. A response echoes the op and request id and
 //! sets flag bit 0. Every frame's payload is bounded by the caller's `max_payload` before it is read.
 //!
+//! **Why not dd-proto's codec** (issue 15, item 3; `docs/decisions.md` D23): the header layout, the
+//! byte reader and the status type look like the data plane's (`dd_proto::frame`, `msg`, `status`),
+//! but they are kept apart on purpose. dd-proto depends on the engine (its messages carry engine types
+//! and its statuses are `CacheError::code()`), and this crate is the part of co-operation that has no
+//! engine; the magic differs (`DP` against `DD`) so that a peer dialling a data-plane port, or a guest a
+//! peer port, fails on the first two bytes; the version is fixed and checked in the header here (a
+//! version-1 peer, with a shared secret, must get `bad_frame` before anything else), where the data
+//! plane negotiates it in HELLO and lets any version through its header; and the status codes are two
+//! separate stable lists (here 1-7; there 10-99 the engine's, 100 and up the protocol's) that must never
+//! be merged or renumbered. What is shared would be about sixty lines of byte shuffling, each side
+//! pinned by its own tests and fuzz target; sharing them would tie two stable formats' evolution.
+//!
 //! Invariants: decoding never panics on any input and never allocates more than the payload it is
 //! given; every decoded message re-encodes to a frame that decodes to the same message (the fuzz target
 //! `peer_decoder` checks both); status codes are stable and never reused.
