@@ -352,6 +352,43 @@ fn batched_put_and_get() {
 }
 
 #[test]
+fn batched_get_each_hands_over_hits_in_order() {
+    each(|f| {
+        // Non-exclusive (memcached's semantics: the daemon's bench pool) and exclusive pools.
+        for exclusive_gets in [false, true] {
+            let opts = PoolOptions { exclusive_gets, ..PoolOptions::ephemeral(f.flavor.spec()) };
+            let p = f.cache.new_pool(VmId(1), opts).unwrap();
+            let keys: Vec<Key> = (0..8).map(|i| Key::new(5, i)).collect();
+            let pages: Vec<Vec<u8>> = keys.iter().map(|k| page(p, *k, 7)).collect();
+            let batch: Vec<(Key, &[u8])> = keys.iter().zip(&pages).map(|(k, d)| (*k, d.as_slice())).collect();
+            assert!(f.cache.put_batch(VmId(1), p, &batch).unwrap().iter().all(|o| o.is_stored()));
+            // Misses first, between and last.
+            let probe = vec![Key::new(9, 0), keys[0], keys[3], Key::new(9, 1), keys[7], Key::new(9, 2)];
+            let h = f.cache.pool_handle(VmId(1), p).unwrap();
+            let mut seen = Vec::new();
+            let n = h.get_batch_each(&probe, &mut |i, pg| seen.push((i, pg.to_vec()))).unwrap();
+            assert_eq!(n, 3, "{:?} exclusive {exclusive_gets}", f.flavor);
+            let want: Vec<(usize, Vec<u8>)> =
+                [(1, 0), (2, 3), (4, 7)].map(|(i, k)| (i, pages[k].clone())).into();
+            assert_eq!(seen, want, "{:?} exclusive {exclusive_gets}", f.flavor);
+            let c = f.cache.pool_stats(VmId(1), p).unwrap().counters;
+            assert_eq!((c.gets_missed, c.mem.gets_hit + c.ssd.gets_hit), (3, 3), "{:?}", f.flavor);
+            // A second look finds the pages again only where gets leave them.
+            let again = h.get_batch_each(&probe, &mut |_, _| {}).unwrap();
+            assert_eq!(again, if exclusive_gets { 0 } else { 3 }, "{:?}", f.flavor);
+            let too_many = vec![keys[0]; 65];
+            assert!(matches!(
+                h.get_batch_each(&too_many, &mut |_, _| {}),
+                Err(CacheError::BatchTooLarge { .. })
+            ));
+            f.cache.destroy_pool(VmId(1), p).unwrap();
+            assert_eq!(h.get_batch_each(&probe, &mut |_, _| {}), Err(CacheError::UnknownPool(p)));
+            assert_identity(&f.cache);
+        }
+    });
+}
+
+#[test]
 fn bad_sizes_are_typed_errors() {
     each(|f| {
         let p = f.pool(1, PoolKind::Ephemeral);

@@ -325,6 +325,29 @@ fn get_batch(
     let ps = state.cache.page_size();
     let n = keys.len();
     let ks: Vec<Key> = keys.iter().collect();
+    // Without co-operative de-duplication (whose misses are fetched from peers into their slots, below)
+    // a non-exclusive pool's hits are appended straight from the engine's frames: one copy per page, no
+    // zero-filled slots to compact.
+    if state.coop.get().is_none() {
+        let handle = state.cache.pool_handle(vm, pool)?;
+        if !handle.exclusive_gets() {
+            let start = begin_response(out, v, h.op, h.request_id);
+            out.extend_from_slice(&(n as u32).to_le_bytes());
+            let flags_at = out.len();
+            out.resize(flags_at + n, 0);
+            out.reserve(n * ps);
+            let r = handle.get_batch_each(&ks, &mut |i, page| {
+                out[flags_at + i] = 1;
+                out.extend_from_slice(page);
+            });
+            if let Err(e) = r {
+                out.truncate(start);
+                return Err(e.into());
+            }
+            finish_response(out, start, Status::OK);
+            return Ok(());
+        }
+    }
     // Read every page into the output buffer at its slot, then compact the hits to the front: one
     // copy out of the cache, one memmove per hit that follows a miss.
     let start = begin_response(out, v, h.op, h.request_id);

@@ -211,6 +211,31 @@ impl PoolHandle {
         self.shared.put_in(&self.pool, key, data)
     }
 
+    /// Whether a get removes the page (the pool's `exclusive_gets`).
+    pub fn exclusive_gets(&self) -> bool {
+        self.pool.exclusive_gets
+    }
+
+    /// [`Cache::get_batch`] without an output buffer: each hit's page is handed to `hit(index, page)` in
+    /// increasing index order, borrowed from the store where it can be, so the caller copies it once,
+    /// where it wants it (the daemon: straight onto the end of a response). Returns the number of hits.
+    /// In a non-exclusive pool whose hits of the batch are all in
+    /// memory (the common case), the batch takes the pool lock once, looks every key up and prefetches
+    /// the hits' frames, then hands each frame to `hit` in place, still under the lock (which keeps the
+    /// frame from being freed or rewritten): `hit` must be short and must not call into the cache.
+    /// Otherwise the pages are read as by [`Cache::get_batch`] into a buffer first.
+    pub fn get_batch_each(
+        &self,
+        keys: &[Key],
+        hit: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<usize, CacheError> {
+        if keys.len() > self.shared.max_batch {
+            return Err(CacheError::BatchTooLarge { limit: self.shared.max_batch, got: keys.len() });
+        }
+        self.live()?;
+        Ok(self.shared.get_batch_each_in(&self.pool, keys, hit))
+    }
+
     /// [`Cache::get`] on this pool, saying which tier held the page: `Some(tier)` on a hit (copied into
     /// `out`; removed from an exclusive pool), `None` on a miss.
     pub fn get(&self, key: Key, out: &mut [u8]) -> Result<Option<StoreKind>, CacheError> {
@@ -500,6 +525,51 @@ impl Shared {
         }
         p.inner.lock().counters.gets_missed += 1;
         None
+    }
+
+    fn get_batch_each_in(&self, p: &Arc<Pool>, keys: &[Key], hit: &mut dyn FnMut(usize, &[u8])) -> usize {
+        if !p.exclusive_gets {
+            let mut g = p.inner.lock();
+            // (index, slot id, frame) of each hit; all looked up before any is copied, so that the
+            // frames' first lines are on their way from memory while the copies run.
+            let mut found: Vec<(usize, u32, crate::store::frame::FrameId)> = Vec::with_capacity(keys.len());
+            let mut on_ssd = false;
+            for (i, k) in keys.iter().enumerate() {
+                let Some(id) = g.lookup(*k) else { continue };
+                match g.entry(id).loc {
+                    Loc::Mem(f) => {
+                        self.mem.prefetch(f);
+                        found.push((i, id, f));
+                    }
+                    // An SSD page is read without the lock and validated after (get_shared): the
+                    // general path below.
+                    Loc::Ssd(_) => {
+                        on_ssd = true;
+                        break;
+                    }
+                }
+            }
+            if !on_ssd {
+                for &(i, id, f) in &found {
+                    self.mem.with_page(f, |page| hit(i, page));
+                    g.counters.mem.gets_hit += 1;
+                    g.touch(id);
+                }
+                g.counters.gets_missed += (keys.len() - found.len()) as u64;
+                return found.len();
+            }
+        }
+        let ps = self.page_size;
+        let mut buf = vec![0u8; keys.len() * ps];
+        let hits = self.get_batch_in(p, keys, &mut buf);
+        let mut n = 0;
+        for (i, page) in buf.chunks_exact(ps.max(1)).enumerate() {
+            if hits[i] {
+                hit(i, page);
+                n += 1;
+            }
+        }
+        n
     }
 
     fn get_batch_in(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {

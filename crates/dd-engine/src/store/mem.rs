@@ -300,6 +300,25 @@ impl MemStore {
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), self.page_size) }
     }
 
+    /// Hands a frame's page to `f` in place: a full frame as a slice of the arena, without a copy; a
+    /// half frame decompressed into a page on the stack of this call. Same precondition as
+    /// [`Self::read`]: the caller owns the frame or holds the lock of the pool that owns it, for the
+    /// whole call of `f`.
+    pub fn with_page<R>(&self, frame: FrameId, f: impl FnOnce(&[u8]) -> R) -> R {
+        if frame.is_half() {
+            let mut page = vec![0u8; self.page_size];
+            self.read_half(frame, &mut page);
+            return f(&page);
+        }
+        let src = self.frame_ptr(frame);
+        // SAFETY: src points to page_size initialised bytes inside the mapping (frame_ptr checks the
+        // range; frames are written before they are indexed). The slice lives only for this call, during
+        // which the caller owns the frame or holds its pool's lock, so the frame is neither freed, nor
+        // reused, nor written meanwhile: no `&mut` to these bytes exists while the shared slice does.
+        let page = unsafe { std::slice::from_raw_parts(src as *const u8, self.page_size) };
+        f(page)
+    }
+
     /// Whether a frame (immutable while the caller holds a reference) holds exactly `data`.
     pub fn equals(&self, frame: FrameId, data: &[u8]) -> bool {
         if frame.is_half() {

@@ -331,11 +331,28 @@ impl Harness {
             Op::GetBatch { vm, slot, obj } => {
                 let id = self.pools[&(vm, slot)].id;
                 let keys: Vec<Key> = (0..INDICES).step_by(2).map(|i| Key::new(obj, i)).collect();
-                let mut buf = vec![0u8; keys.len() * PS];
-                let hits = self.cache.get_batch(VmId(vm), id, &keys, &mut buf).unwrap();
-                for (i, k) in keys.iter().enumerate() {
-                    let bytes = buf[i * PS..(i + 1) * PS].to_vec();
-                    self.check_get(vm, slot, *k, hits[i].then_some(bytes.as_slice()));
+                let mut got: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+                if obj % 2 == 1 {
+                    // The daemon's path: hits handed over in place, in increasing index order.
+                    let h = self.cache.pool_handle(VmId(vm), id).unwrap();
+                    let mut last = None;
+                    let n = h
+                        .get_batch_each(&keys, &mut |i, page| {
+                            assert!(last < Some(i), "hit {i} handed over after {last:?}");
+                            last = Some(i);
+                            got[i] = Some(page.to_vec());
+                        })
+                        .unwrap();
+                    assert_eq!(n, got.iter().filter(|g| g.is_some()).count());
+                } else {
+                    let mut buf = vec![0u8; keys.len() * PS];
+                    let hits = self.cache.get_batch(VmId(vm), id, &keys, &mut buf).unwrap();
+                    for (i, page) in buf.chunks_exact(PS).enumerate() {
+                        got[i] = hits[i].then(|| page.to_vec());
+                    }
+                }
+                for (k, g) in keys.iter().zip(&got) {
+                    self.check_get(vm, slot, *k, g.as_deref());
                 }
             }
             Op::FlushPage { vm, slot, obj, idx } => {
