@@ -4,16 +4,19 @@
 //! item 4).
 //!
 //! The input is a pin limit and a sequence of steps, `arbitrary`-derived: requests of two
-//! authenticated peers (`a`, `b`) and of one that never said HELLO (`m`) — compares of held, absent,
+//! authenticated peers (`a`, `b`) and of a session whose pin-table entry is gone (`m`, as after the
+//! TTL removed it while the connection stayed open) — compares of held, absent,
 //! altered pages or with the wrong hash, fetches and unpins of handles granted to any peer (so a peer
 //! reaches for another's pins) or made up, summaries, HELLO and AUTH after authentication, raw ops
 //! with raw payloads — some with one byte of the encoded payload flipped; and, between requests, a
-//! peer's new HELLO (same or new epoch) and time passing with the pin TTL's expiry.
+//! peer's new HELLO (same or new epoch; on the same connection, or on another while the old session
+//! goes on asking) and time passing with the pin TTL's expiry.
 //!
 //! The model follows what the handler was given, not the typed step: each payload is decoded as the
-//! handler decodes it, so a flipped or raw payload is modelled as whatever it decodes to. It holds,
-//! per peer with a pin-table entry, its epoch, when it was last heard from and its handles with the
-//! content hash pinned under each. After every request:
+//! handler decodes it, so a flipped or raw payload is modelled as whatever it decodes to. It holds
+//! each peer's session epoch and, per peer with a pin-table entry, its epoch, when it was last heard
+//! from and its handles with the content hash pinned under each; a well-formed request of a session
+//! whose entry is gone enters it again. After every request:
 //! * the engine's pins are exactly the pin table's (`MemHost::check`: no pin without an owner), never
 //!   more than `max_pins`, and every modelled handle names an engine pin of its content;
 //! * the answer is one frame answering the request (response flag, op and id echoed), within the frame
@@ -23,7 +26,8 @@
 //!   it (their hash is the one the compare pinned); an own handle is always served;
 //! * an unpin releases exactly the peer's own handles among those listed, and nothing of another peer;
 //! * a compare pins exactly when an equal frame is held under that hash, the limit allows it and the
-//!   peer has an entry (an expired peer's pin is released at once: nothing stays pinned for it).
+//!   session's epoch is the entry's (a stale session's pin is released at once and the compare
+//!   refused: nothing stays pinned for it).
 //!
 //! The state is fresh per input, so that a crash reproduces from its input alone.
 #![no_main]
@@ -58,7 +62,7 @@ fn hash(p: &[u8]) -> u128 {
 enum Who {
     A,
     B,
-    /// Never said HELLO: no pin-table entry.
+    /// A session whose pin-table entry is gone.
     M,
 }
 
@@ -106,8 +110,9 @@ enum Req {
 enum Step {
     /// A request of `from`, one byte of its encoded payload xor-ed when `flip` is given.
     Request { from: Who, req: Req, flip: Option<(u16, u8)> },
-    /// `from` authenticates again (a reconnect in `epoch % 3`): a new epoch releases its pins.
-    Reconnect { from: Who, epoch: u8 },
+    /// `from` authenticates again (a reconnect in `epoch % 3`): a new epoch releases its pins. With
+    /// `stale`, on another connection while the old session goes on with its old epoch.
+    Reconnect { from: Who, epoch: u8, stale: bool },
     /// Time passes; peers silent for the pin TTL lose their entry and pins.
     Wait { ms: u16 },
 }
@@ -129,6 +134,8 @@ struct Owner {
 
 struct Model {
     owners: HashMap<&'static str, Owner>,
+    /// The epoch each peer's requesting session authenticated in.
+    sessions: HashMap<&'static str, u64>,
 }
 
 impl Model {
@@ -226,16 +233,17 @@ fn request(host: &MemHost, model: &mut Model, now: Instant, from: Who, op: u8, p
     let h = PeerHeader { op, flags: 0, status: 0, request_id: id, payload_len: payload.len() as u32 };
     let held_before = host.pins_held();
     let mut out = Vec::new();
-    let served = serve::handle(host, name, &h, payload, now, &mut out);
+    let epoch = model.sessions[name];
+    let served = serve::handle(host, name, epoch, &h, payload, now, &mut out);
     // One frame, answering this request, within the bound a client reads.
     let a = parse_header(&out, ABSOLUTE_MAX_PAYLOAD).expect("answer header").expect("whole header");
     assert_eq!(a.payload_len as usize, out.len() - HEADER_LEN, "one frame");
     assert!(a.payload_len as usize <= answer_bound(), "answer of {} bytes past the bound", a.payload_len);
     assert!(a.flags & FLAG_RESPONSE != 0 && a.op == op && a.request_id == id, "{a:?} does not answer {h:?}");
     // An error answer is a refusal, but for a compare whose pin was released at once because the
-    // peer has no entry (`Served` counts it as pinned; checked below).
-    let released_at_once =
-        matches!(served, Served::Compared { pinned: true }) && !model.owners.contains_key(name);
+    // session is stale (`Served` counts it as pinned; checked below).
+    let stale = model.owners.get(name).is_some_and(|o| o.epoch != epoch);
+    let released_at_once = matches!(served, Served::Compared { pinned: true }) && stale;
     assert_eq!(
         matches!(served, Served::Refused) || released_at_once,
         a.status != 0,
@@ -247,8 +255,10 @@ fn request(host: &MemHost, model: &mut Model, now: Instant, from: Who, op: u8, p
         assert_ne!(a.status, 0, "a payload that does not decode was served");
         return;
     };
-    // Any well-formed request keeps its sender's pins alive.
-    if let Some(o) = model.owners.get_mut(name) {
+    // Any well-formed request keeps its session's pins alive, and enters a session whose entry is
+    // gone again.
+    let o = model.owners.entry(name).or_insert(Owner { epoch, heard: now, pins: BTreeMap::new() });
+    if o.epoch == epoch {
         o.heard = now;
     }
     match req {
@@ -263,7 +273,7 @@ fn request(host: &MemHost, model: &mut Model, now: Instant, from: Who, op: u8, p
         PeerRequest::Compare { hash: h, page: p } => {
             let held = host.state().frames.get(&h).is_some_and(|f| f == p);
             let room = held_before < host.max_pins();
-            match model.owners.get_mut(name) {
+            match model.owners.get_mut(name).filter(|o| o.epoch == epoch) {
                 Some(o) => {
                     assert_eq!(a.status, 0);
                     let resp = PeerResponse::decode(op, answer, PAGE).expect("compare answer");
@@ -281,8 +291,9 @@ fn request(host: &MemHost, model: &mut Model, now: Instant, from: Who, op: u8, p
                         other => panic!("compare answered {other:?}"),
                     }
                 }
-                // No entry: nothing may stay pinned for it (refused if a pin was taken and released).
-                None => assert_eq!(a.status != 0, held && room, "an unknown peer's compare"),
+                // A stale session: nothing may stay pinned for it (refused if a pin was taken and
+                // released).
+                None => assert_eq!(a.status != 0, held && room, "a stale session's compare"),
             }
         }
         PeerRequest::Fetch { pin: handle } => {
@@ -323,7 +334,7 @@ fuzz_target!(|input: Input| {
     let host = MemHost::new(PAGE, frames, 1);
     host.state_mut().max_pins = input.max_pins as u64 % 16;
     let mut now = Instant::now();
-    let mut model = Model { owners: HashMap::new() };
+    let mut model = Model { owners: HashMap::new(), sessions: PEERS.iter().map(|&p| (p, 1)).collect() };
     for name in ["a", "b"] {
         host.state_mut().table.hello(name, 1, now);
         model.owners.insert(name, Owner { epoch: 1, heard: now, pins: BTreeMap::new() });
@@ -340,9 +351,12 @@ fuzz_target!(|input: Input| {
                 }
                 request(&host, &mut model, now, *from, op, &payload, id as u64);
             }
-            Step::Reconnect { from, epoch } => {
+            Step::Reconnect { from, epoch, stale } => {
                 let name = from.name();
                 let epoch = *epoch as u64 % 3;
+                if !stale {
+                    model.sessions.insert(name, epoch);
+                }
                 let released = host.state_mut().table.hello(name, epoch, now);
                 host.release(released);
                 let o =

@@ -7,8 +7,10 @@
 //!
 //! Invariants:
 //! * **No pin without an owner, none past `max_pins`.** A compare pins only while fewer than
-//!   `max_pins` pins are held; a pin that cannot be recorded for the peer (its pin-table entry
-//!   expired since its HELLO) is released at once and the peer told to say hello again.
+//!   `max_pins` pins are held; a pin that cannot be recorded for the session (another epoch of the
+//!   peer authenticated since) is released at once and the compare refused.
+//! * **A session outlives its pin-table entry**: a request of a session whose entry the TTL removed
+//!   enters the peer again (`PinTable::touch`), so its compares pin again.
 //! * **A peer reaches only its own pins**: fetches and unpins look handles up among the pins
 //!   granted to the authenticated name (`pins::PinTable`).
 //! * **Any well-formed request keeps the peer's pins alive** (it is heard from).
@@ -45,7 +47,7 @@ pub enum Served {
     /// A summary to keep as the peer's.
     Summary(BloomFilter),
     /// A remote compare; `pinned` if an equal frame was pinned (even one released at once because the
-    /// peer's entry had expired and it must say hello again).
+    /// session is stale: another epoch of the peer authenticated since).
     Compared {
         pinned: bool,
     },
@@ -58,10 +60,12 @@ pub enum Served {
     Refused,
 }
 
-/// Answers one request frame (`h`, `payload`) of the authenticated peer `from` at `now` into `out`.
+/// Answers one request frame (`h`, `payload`) of the peer `from`, authenticated on this connection in
+/// `epoch`, at `now` into `out`.
 pub fn handle<H: PinHost>(
     host: &H,
     from: &str,
+    epoch: u64,
     h: &PeerHeader,
     payload: &[u8],
     now: Instant,
@@ -75,7 +79,7 @@ pub fn handle<H: PinHost>(
             return Served::Refused;
         }
     };
-    host.with_pins(|t| t.touch(from, now));
+    host.with_pins(|t| t.touch(from, epoch, now));
     let mut refuse = |status: PeerStatus, msg: &str| {
         wire::encode_error(h.op, h.request_id, status, msg, out);
         Served::Refused
@@ -97,13 +101,13 @@ pub fn handle<H: PinHost>(
         PeerRequest::Compare { hash, page } => {
             let pin = if host.pins_held() >= host.max_pins() { None } else { host.pin(hash, page) };
             let handle = match pin {
-                Some(pin) => match host.with_pins(|t| t.grant(from, pin, || host.draw_handle())) {
+                Some(pin) => match host.with_pins(|t| t.grant(from, epoch, pin, || host.draw_handle())) {
                     Ok(handle) => Some(handle),
-                    Err(_) => {
-                        // Its entry went away (TTL) between HELLO and now: keep no pin nobody can
-                        // release.
+                    Err(e) => {
+                        // A stale session (the peer authenticated again since): keep no pin nobody
+                        // can release.
                         host.unpin(pin);
-                        refuse(PeerStatus::REFUSED, "say hello again");
+                        refuse(PeerStatus::REFUSED, &e.to_string());
                         return Served::Compared { pinned: true };
                     }
                 },

@@ -114,7 +114,7 @@ impl FakeNet {
         }
         let h = parse_header(&frame[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
         let mut out = Vec::new();
-        let served = serve::handle(&p.host, ME, &h, &frame[HEADER_LEN..], now, &mut out);
+        let served = serve::handle(&p.host, ME, self.my_epoch.get(), &h, &frame[HEADER_LEN..], now, &mut out);
         p.host.check();
         // An error answer (status other than 0) is what the daemon's client turns into a failure.
         let answer = parse_header(&out[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
@@ -279,6 +279,31 @@ fn no_pin_leaks_after_a_restart_or_silence_past_the_ttl() {
     }
 }
 
+/// Regression (issue 15; found while writing the peer_handler fuzz target): a peer silent past the pin
+/// TTL lost its pin-table entry at the listener while its connection stayed open, and every compare on
+/// that connection was then answered "say hello again", which neither ends the session nor starts a
+/// back-off: remotification to that peer stopped for as long as the connection lived.
+#[test]
+fn regression_a_connection_that_outlived_its_pin_ttl_entry_was_refused_every_compare() {
+    let net = FakeNet::new(11, 1, 20, Faults::default());
+    assert_eq!(remotify_all(&net, 10, 1).len(), 10);
+    // Silence past the TTL: the listener forgets us and releases our pins; the connection stays
+    // (no new HELLO is sent: `greeted` stays true).
+    net.advance(TTL);
+    {
+        let peers = net.peers.borrow();
+        let t = net.now.get();
+        let released = peers[0].host.state_mut().table.expire(t, TTL);
+        assert_eq!(released.len(), 10);
+        peers[0].host.release(released);
+    }
+    // The same session asks again: its next request renews its entry and the compares pin.
+    let refs = remotify_all(&net, 20, 1);
+    assert_eq!(refs.len(), 20, "compares on a connection that outlived its entry were refused");
+    assert_eq!(net.pins_held(), 20);
+    net.peers.borrow()[0].host.check();
+}
+
 #[test]
 fn a_restart_of_ours_releases_pins_at_the_next_hello() {
     let net = FakeNet::new(7, 2, 20, Faults::default());
@@ -424,37 +449,39 @@ fn unpins_lost_in_transit_are_retried_until_released() {
 }
 
 #[test]
-fn the_listener_pins_nothing_past_max_pins_or_for_an_expired_peer() {
+fn the_listener_pins_nothing_past_max_pins_or_for_a_stale_session() {
     let frames: HashMap<u128, Vec<u8>> = (0..4).map(|i| (hash(&page(i)), page(i))).collect();
     let host = MemHost::new(PAGE, frames, 3);
     let t0 = Instant::now();
     host.state_mut().table.hello(ME, 1, t0);
     host.state_mut().max_pins = 1;
-    let ask = |i: u64, now: Instant| {
+    let ask = |i: u64, epoch: u64, now: Instant| {
         let p = page(i);
         let mut frame = Vec::new();
         PeerRequest::Compare { hash: hash(&p), page: &p }.encode(1, &mut frame);
         let h = parse_header(&frame[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap();
         let mut out = Vec::new();
-        let served = serve::handle(&host, ME, &h, &frame[HEADER_LEN..], now, &mut out);
+        let served = serve::handle(&host, ME, epoch, &h, &frame[HEADER_LEN..], now, &mut out);
         let status = parse_header(&out[..HEADER_LEN], ABSOLUTE_MAX_PAYLOAD).unwrap().unwrap().status;
         (served, status, out)
     };
-    let (served, status, _) = ask(0, t0);
+    let (served, status, _) = ask(0, 1, t0);
     assert!(matches!(served, Served::Compared { pinned: true }) && status == 0);
     // Full: an equal frame, but no pin.
-    let (served, status, out) = ask(1, t0);
+    let (served, status, out) = ask(1, 1, t0);
     assert!(matches!(served, Served::Compared { pinned: false }) && status == 0);
     assert_eq!(
         dd_coop::wire::PeerResponse::decode(out[3], &out[HEADER_LEN..], PAGE).unwrap(),
         dd_coop::wire::PeerResponse::Compared(None)
     );
-    // The peer's entry expired: the pin it would get is released at once and it must say hello again.
+    // The peer restarted and authenticated in epoch 2 elsewhere: a compare of the old session pins
+    // nothing it could keep (the pin is released at once and the compare refused).
     host.state_mut().max_pins = 10;
-    let released = host.state_mut().table.expire(t0 + TTL, TTL);
+    let released = host.state_mut().table.hello(ME, 2, t0);
     host.release(released);
-    let (_, status, _) = ask(2, t0 + TTL);
-    assert_ne!(status, 0);
+    let (served, status, _) = ask(2, 1, t0);
+    assert!(matches!(served, Served::Compared { pinned: true }));
+    assert_eq!(status, PeerStatus::REFUSED.0);
     assert!(host.state().engine.is_empty(), "a pin nobody can release was kept");
     host.check();
 }

@@ -39,10 +39,18 @@ impl Coop {
 
     /// Handles one request of an authenticated peer `from` (`dd_coop::serve`; no I/O, engine calls
     /// are memory-only), and keeps what it served in the counters and the peer's summary.
-    fn handle(&self, state: &ServerState, from: &str, h: &PeerHeader, payload: &[u8], out: &mut Vec<u8>) {
+    fn handle(
+        &self,
+        state: &ServerState,
+        from: &str,
+        epoch: u64,
+        h: &PeerHeader,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) {
         let host = Host { coop: self, state };
         let count = |c: &std::sync::atomic::AtomicU64| c.fetch_add(1, Ordering::Relaxed);
-        match serve::handle(&host, from, h, payload, Instant::now(), out) {
+        match serve::handle(&host, from, epoch, h, payload, Instant::now(), out) {
             Served::Summary(filter) => {
                 if let Some(p) = self.peers.read().iter().find(|p| p.name == from) {
                     *p.summary.write() = Some(Summary { filter, received: Instant::now() });
@@ -132,7 +140,8 @@ pub async fn serve_peer(
     let mut slot = Some(slot);
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let deadline = tokio::time::Instant::now() + Duration::from_millis(coop.cfg.handshake_timeout_ms);
-    let mut from: Option<String> = None;
+    // The authenticated peer's name and the epoch it proved on this connection.
+    let mut from: Option<(String, u64)> = None;
     let mut hs = Handshake::Hello;
     let mut session_slot = None;
     let mut head = [0u8; HEADER_LEN];
@@ -236,7 +245,7 @@ pub async fn serve_peer(
                             let Ok(s) = hs_slot.authenticate(dd_engine::VmId(0)) else { return };
                             session_slot = Some(s);
                             coop.hello(&state, name, *epoch);
-                            from = Some(name.clone());
+                            from = Some((name.clone(), *epoch));
                             PeerResponse::Done.encode(h.op, h.request_id, &mut out);
                         } else {
                             refuse(
@@ -254,7 +263,7 @@ pub async fn serve_peer(
                     }
                 }
             }
-            Some(name) => coop.handle(&state, name, &h, &payload, &mut out),
+            Some((name, epoch)) => coop.handle(&state, name, *epoch, &h, &payload, &mut out),
         }
         if stream.write_all(&out).await.is_err() || close {
             drop(session_slot);
