@@ -36,7 +36,8 @@ use arbitrary::Arbitrary;
 use dd_coop::serve::{self, PinHost, Served};
 use dd_coop::testing::MemHost;
 use dd_coop::wire::{
-    parse_header, PeerHeader, PeerRequest, PeerResponse, ABSOLUTE_MAX_PAYLOAD, FLAG_RESPONSE, HEADER_LEN,
+    max_answer_payload, parse_header, PeerHeader, PeerRequest, PeerResponse, ABSOLUTE_MAX_PAYLOAD,
+    FLAG_RESPONSE, HEADER_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, HashMap};
@@ -198,15 +199,6 @@ fn encode(model: &Model, req: &Req) -> (u8, Vec<u8>) {
     (frame[3], frame[HEADER_LEN..].to_vec())
 }
 
-/// The largest payload a client reads in an answer (`dd-server`'s `Coop::exchange`).
-const fn answer_bound() -> usize {
-    if PAGE + 64 > 4096 {
-        PAGE + 64
-    } else {
-        4096
-    }
-}
-
 fn check(host: &MemHost, model: &Model) {
     host.check();
     assert!(
@@ -238,7 +230,11 @@ fn request(host: &MemHost, model: &mut Model, now: Instant, from: Who, op: u8, p
     // One frame, answering this request, within the bound a client reads.
     let a = parse_header(&out, ABSOLUTE_MAX_PAYLOAD).expect("answer header").expect("whole header");
     assert_eq!(a.payload_len as usize, out.len() - HEADER_LEN, "one frame");
-    assert!(a.payload_len as usize <= answer_bound(), "answer of {} bytes past the bound", a.payload_len);
+    assert!(
+        a.payload_len as usize <= max_answer_payload(PAGE),
+        "answer of {} bytes past the bound",
+        a.payload_len
+    );
     assert!(a.flags & FLAG_RESPONSE != 0 && a.op == op && a.request_id == id, "{a:?} does not answer {h:?}");
     // An error answer is a refusal, but for a compare whose pin was released at once because the
     // session is stale (`Served` counts it as pinned; checked below).

@@ -34,6 +34,17 @@ pub const FLAG_RESPONSE: u16 = 1;
 pub const ABSOLUTE_MAX_PAYLOAD: u32 = (64 << 20) + 64;
 /// Longest node name.
 pub const MAX_NAME: usize = 255;
+
+/// The largest answer payload a client reads for pages of `page_size` bytes: a fetched page and its
+/// header fields, or an error message, whichever is longer. The daemon's client refuses anything
+/// longer; the peer_handler fuzz target checks the listener never answers past it.
+pub const fn max_answer_payload(page_size: usize) -> usize {
+    if page_size + 64 > 4096 {
+        page_size + 64
+    } else {
+        4096
+    }
+}
 /// Most pins in one UNPIN.
 pub const MAX_UNPIN: usize = 65536;
 

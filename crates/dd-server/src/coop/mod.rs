@@ -448,7 +448,7 @@ impl Coop {
         conn.stream.write_all(&buf)?;
         let mut head = [0u8; HEADER_LEN];
         read_until(&mut conn.stream, &mut head, deadline)?;
-        let max = (self.page_size + 64).max(4096) as u32;
+        let max = wire::max_answer_payload(self.page_size) as u32;
         let h = wire::parse_header(&head, max)?.ok_or(wire::WireError::BadFrame)?;
         let mut payload = vec![0u8; h.payload_len as usize];
         read_until(&mut conn.stream, &mut payload, deadline)?;
