@@ -1,6 +1,8 @@
 //! CPU time of another process, from `/proc/<pid>/stat`: what `bench server` charges each server with
 //! over its measured window (issue 16, item 1: on a 2-core machine the load generator takes half the
-//! CPU, so a server's CPU time per operation is the fair measure, not its ops/s).
+//! CPU, so a server's CPU time per operation is the fair measure, not its ops/s); and the machine's
+//! busy and idle time from `/proc/stat`, which says whether a run had CPU left over (a server that
+//! answers as fast as the load generator asks cannot show more ops/s than the client can ask for).
 //!
 //! Why `/proc/<pid>/stat` and not the server's threads one by one: its `utime` and `stime` are the
 //! whole process's, including threads that exited during the window (a tokio blocking-pool thread,
@@ -69,6 +71,34 @@ pub fn process_cpu(pid: u32) -> std::io::Result<Duration> {
     Ok(ticks_to_duration(s.cpu_ticks(), clock_ticks_per_s()))
 }
 
+/// The machine's CPU time so far, from the first (`cpu`) line of `/proc/stat`, all cores together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MachineCpu {
+    /// Every field of the line (user, nice, system, idle, iowait, irq, softirq, steal), clock ticks;
+    /// guest time is already inside user and nice, so it is not added again.
+    pub total_ticks: u64,
+    /// Idle and iowait: time no task could use.
+    pub idle_ticks: u64,
+}
+
+/// Parses the `cpu` line of `/proc/stat` (`cpu  user nice system idle iowait irq softirq steal ...`).
+pub fn parse_machine_stat(text: &str) -> Option<MachineCpu> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    if f.len() < 5 {
+        return None;
+    }
+    Some(MachineCpu { total_ticks: f.iter().take(8).sum(), idle_ticks: f[3] + f[4] })
+}
+
+/// The machine's CPU time so far (`/proc/stat`).
+pub fn machine_cpu() -> std::io::Result<MachineCpu> {
+    let text = std::fs::read_to_string("/proc/stat")?;
+    parse_machine_stat(&text).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "/proc/stat has no parsable cpu line")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +119,18 @@ mod tests {
         assert_eq!(parse_stat("no name at all"), None);
         let line = "1 (x) S 1 1 1 0 -1 0 0 0 0 0 abc 2 0 0 20 0 1 0";
         assert_eq!(parse_stat(line), None);
+    }
+
+    #[test]
+    fn parses_the_machine_line_of_proc_stat() {
+        let text = "cpu  100 5 50 800 20 3 7 15 0 0\ncpu0 50 2 25 400 10 1 3 7 0 0\nintr 1 2\n";
+        assert_eq!(
+            parse_machine_stat(text),
+            Some(MachineCpu { total_ticks: 100 + 5 + 50 + 800 + 20 + 3 + 7 + 15, idle_ticks: 820 })
+        );
+        assert_eq!(parse_machine_stat("cpu0 1 2 3 4 5\n"), None);
+        assert_eq!(parse_machine_stat("cpu  1 2 x 4 5\n"), None);
+        assert!(machine_cpu().unwrap().total_ticks > 0);
     }
 
     #[test]

@@ -100,9 +100,12 @@ pub struct ServerArgs {
     #[arg(long, default_value = "memcached")]
     memcached: PathBuf,
     /// Seed of the random number generator (keys and page contents), for repeatable runs.
-    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+    /// The `doubledecker` executable to start as the daemon under test (default: this one). For
+    /// before/after comparisons with one load generator: two builds' daemons driven by the same client.
+    #[arg(long)]
+    daemon_exe: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -186,9 +189,12 @@ pub struct StoreArgs {
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
     /// Seed of the random number generator (keys and page contents), for repeatable runs.
-    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+    /// The `doubledecker` executable to start as the daemon under test (default: this one). For
+    /// before/after comparisons with one load generator: two builds' daemons driven by the same client.
+    #[arg(long)]
+    daemon_exe: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -212,9 +218,12 @@ pub struct SsdArgs {
     #[arg(long)]
     buffered: bool,
     /// Seed of the random number generator (keys and page contents), for repeatable runs.
-    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+    /// The `doubledecker` executable to start as the daemon under test (default: this one). For
+    /// before/after comparisons with one load generator: two builds' daemons driven by the same client.
+    #[arg(long)]
+    daemon_exe: Option<PathBuf>,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -351,8 +360,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 
 fn server(a: ServerArgs) -> Result<()> {
     let opts = dd_bench::server::ServerBenchOptions {
-        // The daemon under test is this very binary, so the benchmark measures the build that runs it.
-        exe: std::env::current_exe().context("locating the doubledecker executable")?,
+        // The daemon under test is this very binary unless named, so by default the benchmark measures
+        // the build that runs it.
+        exe: match a.daemon_exe {
+            Some(p) => p,
+            None => std::env::current_exe().context("locating the doubledecker executable")?,
+        },
         against_memcached: a.against == Against::Memcached,
         memcached: a.memcached,
         connections: a.connections,
@@ -383,7 +396,7 @@ fn server(a: ServerArgs) -> Result<()> {
         p.server_threads
     );
     outln!(
-        "{:>5} {:<14} {:>12} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "{:>5} {:<14} {:>12} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}",
         "conns",
         "server",
         "ops/s",
@@ -392,12 +405,14 @@ fn server(a: ServerArgs) -> Result<()> {
         "get p99",
         "put p50",
         "put p99",
-        "CPU us/op"
+        "CPU us/op",
+        "client/op",
+        "idle"
     );
     for row in &r.rows {
         for s in std::iter::once(&row.doubledecker).chain(row.memcached.as_ref()) {
             outln!(
-                "{:>5} {:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us {:>10.2}",
+                "{:>5} {:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us {:>10.2} {:>10.2} {:>5.0}%",
                 row.connections,
                 s.server,
                 s.ops_per_s,
@@ -406,7 +421,9 @@ fn server(a: ServerArgs) -> Result<()> {
                 s.get_p99_us,
                 s.put_p50_us,
                 s.put_p99_us,
-                s.cpu_us_per_op
+                s.cpu_us_per_op,
+                s.client_cpu_us_per_op,
+                s.machine_idle_fraction * 100.0
             );
         }
         if let (Some(x), Some(c), Some(p99)) = (row.ratio_ops, row.ratio_cpu, row.p99_no_worse) {

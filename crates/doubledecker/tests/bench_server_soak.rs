@@ -36,6 +36,9 @@ fn bench_server_drives_our_daemon() {
     // The daemon's CPU time was read over the window: a server that answered thousands of requests
     // spent some (a reader that failed or read nothing would give 0 or a non-finite figure).
     assert!(d.cpu_secs > 0.0 && d.cpu_us_per_op > 0.0 && d.cpu_us_per_op.is_finite(), "{d:?}");
+    // So was the load generator's, and the machine's idle share is a fraction.
+    assert!(d.client_cpu_secs > 0.0 && d.client_cpu_us_per_op.is_finite(), "{d:?}");
+    assert!((0.0..=1.0).contains(&d.machine_idle_fraction) && d.others_cpu_secs >= 0.0, "{d:?}");
     assert!(row.memcached.is_none() && row.ratio_ops.is_none() && row.ratio_cpu.is_none());
     assert!(row.p99_no_worse.is_none());
 

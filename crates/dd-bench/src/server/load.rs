@@ -195,8 +195,9 @@ fn fill<B: Backend>(b: &mut B, spec: &LoadSpec, vals: &mut [u8]) -> Result<()> {
 }
 
 /// Runs `spec.connections` threads against the backend `connect` makes, and sums their results; the
-/// server process `server_pid`'s CPU time (user + system, all its threads) is read when the measured
-/// window opens and once every connection has had its last answer.
+/// server process `server_pid`'s CPU time (user + system, all its threads), this process's (the load
+/// generator's: its other threads sleep meanwhile) and the machine's busy and idle time are read when
+/// the measured window opens and once every connection has had its last answer.
 ///
 /// The window's edges: requests in flight when it opens are not counted but some of their work falls
 /// inside it, and requests sent before it closes are counted with work done after; both are at most
@@ -211,6 +212,8 @@ where
     let barrier = Barrier::new(spec.connections + 1);
     let start = OnceLock::new();
     let mut cpu_at_open = Ok(Duration::ZERO);
+    let mut client_at_open = Ok(Duration::ZERO);
+    let mut machine_at_open = Ok(cpu::MachineCpu::default());
     let results: Vec<Result<ConnResult>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..spec.connections)
             .map(|c| {
@@ -233,6 +236,8 @@ where
         let open = *start.get_or_init(Instant::now) + spec.warmup;
         std::thread::sleep(open.saturating_duration_since(Instant::now()));
         cpu_at_open = cpu::process_cpu(server_pid);
+        client_at_open = cpu::process_cpu(std::process::id());
+        machine_at_open = cpu::machine_cpu();
         hs.into_iter().map(|h| h.join().expect("load thread panicked")).collect()
     });
     let mut get_hist = histogram();
@@ -253,8 +258,22 @@ where
         measured_secs: 0.0,
         cpu_secs: 0.0,
         cpu_us_per_op: 0.0,
+        client_cpu_secs: 0.0,
+        client_cpu_us_per_op: 0.0,
+        machine_idle_fraction: 0.0,
+        others_cpu_secs: 0.0,
     };
     let cpu = cpu::process_cpu(server_pid)?.saturating_sub(cpu_at_open?);
+    let client = cpu::process_cpu(std::process::id())?.saturating_sub(client_at_open?);
+    let (m0, m1) = (machine_at_open?, cpu::machine_cpu()?);
+    let tps = cpu::clock_ticks_per_s();
+    let machine_busy = cpu::ticks_to_duration(
+        (m1.total_ticks - m1.idle_ticks).saturating_sub(m0.total_ticks - m0.idle_ticks),
+        tps,
+    );
+    res.machine_idle_fraction =
+        (m1.idle_ticks - m0.idle_ticks) as f64 / (m1.total_ticks - m0.total_ticks).max(1) as f64;
+    res.others_cpu_secs = machine_busy.saturating_sub(cpu + client).as_secs_f64();
     let mut hits = 0;
     let mut measured = Duration::ZERO;
     for r in results {
@@ -275,6 +294,8 @@ where
     res.cpu_secs = cpu.as_secs_f64();
     // No operation measured (not a case a run that passes reaches): infinite, printed as null.
     res.cpu_us_per_op = res.cpu_secs * 1e6 / (res.get_ops + res.put_ops) as f64;
+    res.client_cpu_secs = client.as_secs_f64();
+    res.client_cpu_us_per_op = res.client_cpu_secs * 1e6 / (res.get_ops + res.put_ops) as f64;
     res.get_hit_ratio = if res.get_ops > 0 { hits as f64 / res.get_ops as f64 } else { 0.0 };
     res.get_p50_us = get_hist.value_at_quantile(0.5) as f64;
     res.get_p99_us = get_hist.value_at_quantile(0.99) as f64;

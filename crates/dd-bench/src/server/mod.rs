@@ -31,7 +31,10 @@
 //!   process (all threads, [`crate::cpu`]), divided by the ops measured: `cpu_us_per_op`. On a 2-core
 //!   machine the load generator takes about half the CPU and other work on the machine moves ops/s,
 //!   so CPU per operation is the fair measure of the server (issue 16, item 1); `ratio_cpu` is ours /
-//!   memcached's (target at most 0.67).
+//!   memcached's (target at most 0.67). The load generator's own CPU per operation
+//!   (`client_cpu_us_per_op`), the machine's idle fraction and the CPU others took over the same
+//!   window say why ops/s is what it is: with no idle time left, ops/s is two cores divided by the
+//!   client's and the server's CPU per operation together.
 //!
 //! # Fairness of the get semantics
 //!
@@ -149,6 +152,17 @@ pub struct ServerResult {
     pub cpu_secs: f64,
     /// `cpu_secs` per page operation, microseconds.
     pub cpu_us_per_op: f64,
+    /// The load generator's (this process's) user + system CPU time over the same window, seconds:
+    /// what asking the server and checking its answers cost the client.
+    pub client_cpu_secs: f64,
+    /// `client_cpu_secs` per page operation, microseconds.
+    pub client_cpu_us_per_op: f64,
+    /// The machine's idle (and iowait) time over the window, as a fraction of all its cores' time:
+    /// near 0 means the server and the client together used every core.
+    pub machine_idle_fraction: f64,
+    /// Busy time of the machine over the window that was neither the server's nor the client's
+    /// (other processes, and interrupt work charged to no task), seconds.
+    pub others_cpu_secs: f64,
 }
 
 /// The parameters both servers ran with.
