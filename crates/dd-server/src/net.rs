@@ -21,7 +21,9 @@
 //! frame, whose payload is at most `max_payload` (a header announcing more is refused before its
 //! payload is read); the output buffer is written out as soon as it passes `write_buffer_bytes`, so it
 //! holds at most that plus one response, and every response fits `max_payload` (the handler caps the
-//! variable ones). A client that does not read its responses blocks on TCP back-pressure alone, and is
+//! variable ones). A session holds an output buffer only from the start of a burst until its
+//! responses are written: the runtime thread lends it one it used a moment ago, still in the CPU
+//! caches, and keeps it for the next burst of any session (at most `SPARE_OUT_BUFFERS` per thread). A client that does not read its responses blocks on TCP back-pressure alone, and is
 //! closed after `limits.idle_timeout_ms` without progress, like one that sends nothing. Every burst of
 //! frames runs inside the session's registration (`auth::Registration::enter`); a revoked registration
 //! (VM removed, tokens replaced) closes the connection at once, idle or not.
@@ -63,6 +65,38 @@ const HANDSHAKE_BUF: usize = 512;
 const FAIL_DISCARD_BYTES: usize = 256 << 10;
 /// How long a refused connection is given to send its HELLO before it is answered `busy` anyway.
 const REFUSE_WAIT: Duration = Duration::from_secs(1);
+/// Output buffers a runtime thread keeps between bursts (see [`lend_out`]).
+const SPARE_OUT_BUFFERS: usize = 2;
+
+thread_local! {
+    /// Empty output buffers of this runtime thread, lent to one session's burst at a time.
+    static SPARE_OUT: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty output buffer for one burst of a session: one this thread used last if there is one.
+/// Why not a buffer per connection: a burst's responses are written before the session waits for
+/// its next read, so between bursts its buffer is empty, and with many connections their buffers
+/// (64 KiB and up each) are cold in the CPU caches by the time each is used again: at 64 connections
+/// the kernel's copy out of them took twice the daemon's time it takes at 4 (BENCHMARKS.md, `bench
+/// server`, 2026-11-26). A buffer lent per burst is one the thread wrote a moment ago.
+fn lend_out() -> Vec<u8> {
+    SPARE_OUT.with(|s| s.borrow_mut().pop()).unwrap_or_else(|| Vec::with_capacity(READ_CHUNK))
+}
+
+/// Gives a burst's output buffer back to this thread's spares (emptied; shrunk if a large burst
+/// grew it past `max_capacity`; dropped when the thread already keeps [`SPARE_OUT_BUFFERS`]).
+fn return_out(mut out: Vec<u8>, max_capacity: usize) {
+    out.clear();
+    if out.capacity() > max_capacity {
+        out.shrink_to(READ_CHUNK);
+    }
+    SPARE_OUT.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_OUT_BUFFERS {
+            s.push(out);
+        }
+    });
+}
 
 /// Takes a connection slot for an accepted stream (synchronously, in the accept loop, so the limit is
 /// exact in accept order) and spawns its task on the current runtime (the handshake thread's, see
@@ -275,6 +309,7 @@ async fn serve_session<S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
+    // Lent by the thread for each burst, given back once it is written (`lend_out`).
     let mut out: Vec<u8> = Vec::new();
     let reg = sess.registration().expect("authenticated").clone();
     let mut revoked = reg.revoked();
@@ -284,12 +319,14 @@ async fn serve_session<S>(
     let idle = state.idle_timeout;
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     inbuf.extend_from_slice(&leftover);
-    out.reserve(READ_CHUNK);
     let mut closing = false;
     loop {
         // Handle every complete frame in the buffer, writing whenever the output passes its bound.
         let mut consumed = 0;
         loop {
+            if out.capacity() == 0 {
+                out = lend_out();
+            }
             let (used, flow) = if state.has_ssd || state.coop_enabled {
                 tokio::task::block_in_place(|| process(&state, &mut sess, &inbuf[consumed..], &mut out))
             } else {
@@ -309,10 +346,7 @@ async fn serve_session<S>(
                     return;
                 }
             }
-            out.clear();
-            if out.capacity() > state.write_buffer_bytes * 2 {
-                out.shrink_to(READ_CHUNK);
-            }
+            return_out(std::mem::take(&mut out), state.write_buffer_bytes * 2);
             match flow {
                 Flow::Close => {
                     let _ = wr.shutdown().await;
