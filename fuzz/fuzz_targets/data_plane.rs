@@ -1,9 +1,9 @@
 //! Fuzz target: structure-aware data-plane sessions of two VMs against a real (memory-only) engine,
 //! checked after every request against a shadow model of the pages (issue 17, item 1).
 //!
-//! The input is a sequence of typed requests (`arbitrary`-derived: pool lifecycle, puts and gets single
-//! and batched, flushes, migrations, spec changes, statistics, a HELLO in an authenticated session), each
-//! for VM 1 or VM 2, encoded with dd-proto's encoder and fed through `dd_server::net::drive`, the
+//! The input is a sequence of typed requests (`dd_fuzz::data_plane`, `arbitrary`-derived: pool
+//! lifecycle, puts and gets single and batched, flushes, migrations, spec changes, statistics, a HELLO
+//! in an authenticated session), each for VM 1 or VM 2, encoded with dd-proto's encoder and fed through `dd_server::net::drive`, the
 //! connection code the `request_handler` target drives. A few steps flip one byte of the encoded frame
 //! first (a raw mutation): the frame may then be another request, a malformed one, or lose the frame
 //! boundary and close the connection (the VM then reconnects with a fresh HELLO).
@@ -31,8 +31,8 @@
 //! VM_STATS to reach its truncation path with a handful of pools.
 #![no_main]
 
-use arbitrary::{Arbitrary, Unstructured};
-use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, VmId};
+use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, PutOutcome, VmId};
+use dd_fuzz::data_plane::{read_steps, PoolRef, Req, Step, MAX_BATCH};
 use dd_proto::frame::split_frame;
 use dd_proto::{KeyList, Request, Response, HEADER_LEN};
 use dd_server::handler::{Flow, Session};
@@ -42,7 +42,6 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 const PS: usize = 512;
-const MAX_BATCH: usize = 4;
 const TOKENS: [&str; 2] = ["fuzz-data-token-0001", "fuzz-data-token-0002"];
 
 /// A fresh daemon state. The configuration is parsed once: parsing it (with the embedded default)
@@ -67,82 +66,6 @@ fn config() -> ServerConfig {
         TOKENS[1]
     ))
     .expect("fuzz configuration")
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum SpecIn {
-    None,
-    Mem(u8),
-    Ssd(u8),
-    Hybrid(u8, u8),
-}
-
-impl SpecIn {
-    fn spec(self) -> Spec {
-        match self {
-            SpecIn::None => Spec::None,
-            SpecIn::Mem(w) => Spec::Mem { weight: w as u32 },
-            SpecIn::Ssd(w) => Spec::Ssd { weight: w as u32 },
-            SpecIn::Hybrid(m, s) => Spec::Hybrid { mem_weight: m as u32, ssd_weight: s as u32 },
-        }
-    }
-}
-
-/// A pool reference: one of the VM's live pools by position, or (rarely) a raw id that may be a
-/// destroyed pool, another VM's, or none at all.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-struct PoolRef(u8);
-
-/// Keys come from a small space (4 objects of 8 pages) so that puts, gets and flushes meet.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-struct KeyIn(u8);
-
-impl KeyIn {
-    fn key(self) -> Key {
-        Key::new((self.0 >> 3) as u64 % 4, (self.0 & 7) as u64)
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone)]
-enum Req {
-    CreatePool {
-        persistent: bool,
-        order: u8,
-        exclusive: bool,
-        spec: SpecIn,
-    },
-    DestroyPool(PoolRef),
-    SetSpec(PoolRef, SpecIn),
-    Put(PoolRef, KeyIn),
-    /// A put whose page is not page-sized (refused with bad_page_size).
-    PutShort(PoolRef, KeyIn, u16),
-    Get(PoolRef, KeyIn),
-    FlushPage(PoolRef, KeyIn),
-    FlushObject(PoolRef, u8),
-    Migrate {
-        from: PoolRef,
-        to: PoolRef,
-        object: u8,
-    },
-    /// The first `n % 6` keys: up to one more than the batch limit. (A fixed array, not a `Vec`:
-    /// `arbitrary` sizes a `Vec` from the input's tail, so one batch would swallow the rest of a session.)
-    PutBatch(PoolRef, u8, [KeyIn; MAX_BATCH + 1]),
-    GetBatch(PoolRef, u8, [KeyIn; MAX_BATCH + 1]),
-    PoolStats(PoolRef),
-    VmStats,
-    ListPools,
-    Ping,
-    Hello,
-}
-
-#[derive(Arbitrary, Debug, Clone)]
-struct Step {
-    vm2: bool,
-    req: Req,
-    /// 1 in 16 steps flips byte `at` (modulo the frame's length) with `xor`.
-    mutate: u8,
-    at: u16,
-    xor: u8,
 }
 
 #[derive(Debug)]
@@ -514,15 +437,8 @@ fn get(p: &mut PoolModel, key: Key, got: Option<&[u8]>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    // Steps are read one after another until the input ends (not as a `Vec<Step>`, whose
-    // `arbitrary` layout puts a continue flag before each element: random bytes would stop after two).
-    let mut u = Unstructured::new(data);
     let mut w = World::new();
-    for _ in 0..256 {
-        if u.is_empty() {
-            break;
-        }
-        let Ok(s) = Step::arbitrary(&mut u) else { break };
+    for s in read_steps(data) {
         w.step(&s);
     }
     w.finish();

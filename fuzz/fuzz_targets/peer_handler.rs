@@ -3,7 +3,7 @@
 //! table), checked after every request against a model of the pins (issue 15, item 3; issue 17,
 //! item 4).
 //!
-//! The input is a pin limit and a sequence of steps, `arbitrary`-derived: requests of two
+//! The input is a pin limit and a sequence of steps (`dd_fuzz::peer_handler`), `arbitrary`-derived: requests of two
 //! authenticated peers (`a`, `b`) and of a session whose pin-table entry is gone (`m`, as after the
 //! TTL removed it while the connection stayed open) — compares of held, absent,
 //! altered pages or with the wrong hash, fetches and unpins of handles granted to any peer (so a peer
@@ -32,23 +32,20 @@
 //! The state is fresh per input, so that a crash reproduces from its input alone.
 #![no_main]
 
-use arbitrary::Arbitrary;
 use dd_coop::serve::{self, PinHost, Served};
 use dd_coop::testing::MemHost;
 use dd_coop::wire::{
     max_answer_payload, parse_header, PeerHeader, PeerRequest, PeerResponse, ABSOLUTE_MAX_PAYLOAD,
     FLAG_RESPONSE, HEADER_LEN,
 };
+use dd_fuzz::peer_handler::{Handle, Input, Req, Step, Who, HELD, PAGES};
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 /// A small page keeps compares and fetches cheap and reachable.
 const PAGE: usize = 64;
-/// Pages the host holds (`page(0..HELD)`); compares may name `page(HELD..HELD + 4)` too.
-const HELD: u8 = 8;
 const TTL: Duration = Duration::from_millis(1000);
-const PEERS: [&str; 3] = ["a", "b", "m"];
 
 fn page(i: u8) -> Vec<u8> {
     (0..PAGE as u32).map(|b| (i as u32 * 31 + b * 7) as u8).collect()
@@ -59,69 +56,11 @@ fn hash(p: &[u8]) -> u128 {
     xxhash_rust::xxh3::xxh3_128(p)
 }
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Who {
-    A,
-    B,
-    /// A session whose pin-table entry is gone.
-    M,
-}
+/// The name of each requester (`Who::A`, `B`, `M`).
+const PEERS: [&str; 3] = ["a", "b", "m"];
 
-impl Who {
-    fn name(self) -> &'static str {
-        PEERS[self as usize]
-    }
-}
-
-/// A pin handle: one granted to some peer (by index into every handle the model knows), or any.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Handle {
-    Granted(u8),
-    Raw(u64),
-}
-
-#[derive(Arbitrary, Debug, Clone)]
-enum Req {
-    /// A compare of page `page % (HELD + 4)`, with one byte changed or the hash off by one.
-    Compare {
-        page: u8,
-        alter: Option<u8>,
-        wrong_hash: bool,
-    },
-    Fetch(Handle),
-    Unpin(Vec<Handle>),
-    /// A summary of `bytes` bytes (`m_bits` right or off by `skew`).
-    Summary {
-        bytes: u8,
-        k: u8,
-        skew: u8,
-    },
-    Hello {
-        epoch: u64,
-    },
-    Auth,
-    /// A raw op byte and payload.
-    Raw {
-        op: u8,
-        payload: Vec<u8>,
-    },
-}
-
-#[derive(Arbitrary, Debug, Clone)]
-enum Step {
-    /// A request of `from`, one byte of its encoded payload xor-ed when `flip` is given.
-    Request { from: Who, req: Req, flip: Option<(u16, u8)> },
-    /// `from` authenticates again (a reconnect in `epoch % 3`): a new epoch releases its pins. With
-    /// `stale`, on another connection while the old session goes on with its old epoch.
-    Reconnect { from: Who, epoch: u8, stale: bool },
-    /// Time passes; peers silent for the pin TTL lose their entry and pins.
-    Wait { ms: u16 },
-}
-
-#[derive(Arbitrary, Debug)]
-struct Input {
-    max_pins: u8,
-    steps: Vec<Step>,
+fn peer_name(w: Who) -> &'static str {
+    PEERS[w as usize]
 }
 
 /// A peer's pin-table entry as the model sees it.
@@ -173,7 +112,7 @@ fn encode(model: &Model, req: &Req) -> (u8, Vec<u8>) {
     let p;
     let r = match req {
         Req::Compare { page: i, alter, wrong_hash } => {
-            let mut bytes = page(i % (HELD + 4));
+            let mut bytes = page(i % PAGES);
             let h = hash(&bytes) ^ *wrong_hash as u128;
             if let Some(at) = alter {
                 bytes[*at as usize % PAGE] ^= 0x5a;
@@ -221,7 +160,7 @@ fn check(host: &MemHost, model: &Model) {
 
 /// Sends one request of `from` and checks the answer against the model, which it then updates.
 fn request(host: &MemHost, model: &mut Model, now: Instant, from: Who, op: u8, payload: &[u8], id: u64) {
-    let name = from.name();
+    let name = peer_name(from);
     let h = PeerHeader { op, flags: 0, status: 0, request_id: id, payload_len: payload.len() as u32 };
     let held_before = host.pins_held();
     let mut out = Vec::new();
@@ -348,7 +287,7 @@ fuzz_target!(|input: Input| {
                 request(&host, &mut model, now, *from, op, &payload, id as u64);
             }
             Step::Reconnect { from, epoch, stale } => {
-                let name = from.name();
+                let name = peer_name(*from);
                 let epoch = *epoch as u64 % 3;
                 if !stale {
                     model.sessions.insert(name, epoch);

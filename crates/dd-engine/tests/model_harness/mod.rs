@@ -5,10 +5,18 @@
 //! either miss or return exactly the model's latest content; for a persistent pool it must hit with it,
 //! unless the harness injects disk faults (`Harness::with_faults`): then a persistent miss must be a
 //! page the engine counted in the pool's `pages_lost`, one for one. After every operation the statistics
-//! identity is checked for every pool, VM and the host; every 256 operations the engine's invariants.
+//! identity is checked for every pool, VM and the host (`Cache::check_identity`); every 256 operations
+//! the same identity as `Cache::host_stats` reports it, the engine's invariants and the persistent
+//! pools' counts.
+//!
+//! The SSD file is a named file in a temporary folder of the harness's own, with the engine's default
+//! I/O (direct I/O where the file system allows it), or, for the fuzz target, an unnamed scratch file
+//! in a given folder with buffered I/O ([`Harness::fast`]): there a new engine is built for every input,
+//! and each direct write and each folder made and removed waited for the disk.
 #![allow(dead_code)]
 
 use super::common::*;
+use dd_engine::config::{Compression, DirectIo};
 use dd_engine::store::ssd::faults::{Fault, FaultInjector, IoOp};
 use dd_engine::{
     Cache, EvictionOrder, Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind, VmId,
@@ -16,6 +24,7 @@ use dd_engine::{
 };
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 pub const VMS: u32 = 3;
@@ -173,8 +182,20 @@ struct PoolModel {
     lost: u64,
 }
 
+/// Which engine a harness drives.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Setup {
+    /// Content de-duplication in the memory store (VMs 1 and 2 in one group), and shared contents.
+    pub dedup: bool,
+    /// LZ4 compression in the memory store.
+    pub compress: bool,
+    /// The SSD store over a fault injector that `Op::Fault` arms.
+    pub faults: bool,
+}
+
 pub struct Harness {
-    _dir: tempfile::TempDir,
+    /// The folder of the SSD file, when the harness made it.
+    _dir: Option<tempfile::TempDir>,
     pub cache: Cache,
     pools: BTreeMap<(u32, usize), PoolModel>,
     version: u64,
@@ -192,28 +213,41 @@ impl Harness {
 
     /// A harness whose SSD store runs over a fault injector that `Op::Fault` arms.
     pub fn with_faults(seed: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let faults = FaultInjector::new();
-        let cache =
-            Cache::with_ssd_faults(small_config(dir.path(), 96, 128, 4), Some(faults.clone())).unwrap();
-        let mut h = Self::build(seed, dir, cache, false);
-        h.faults = Some(faults);
-        h
+        Self::in_temp_dir(seed, Setup { faults: true, ..Setup::default() })
     }
 
     pub fn with(seed: u64, dedup: bool, compress: bool) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = if compress {
-            small_compressed_cache(dir.path(), 96, 128, 4, dedup)
-        } else if dedup {
-            small_dedup_cache(dir.path(), 96, 128, 4)
-        } else {
-            small_cache(dir.path(), 96, 128, 4)
-        };
-        Self::build(seed, dir, cache, dedup)
+        Self::in_temp_dir(seed, Setup { dedup, compress, faults: false })
     }
 
-    fn build(seed: u64, dir: tempfile::TempDir, cache: Cache, dedup: bool) -> Self {
+    fn in_temp_dir(seed: u64, setup: Setup) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path(), 96, 128, 4);
+        let mut h = Self::build(seed, cfg, setup);
+        h._dir = Some(dir);
+        h
+    }
+
+    /// The engine of `setup` with its SSD store in an unnamed scratch file in `dir` and buffered I/O
+    /// (the fuzz target: nothing to create or remove per input, no write waits for the disk). The
+    /// model and every check are the same.
+    pub fn fast(seed: u64, setup: Setup, dir: &Path) -> Self {
+        let mut cfg = small_config(dir, 96, 128, 4);
+        let ssd = cfg.ssd.as_mut().expect("an SSD store");
+        ssd.path = dir.to_path_buf();
+        ssd.scratch = true;
+        ssd.direct_io = DirectIo::Off;
+        Self::build(seed, cfg, setup)
+    }
+
+    fn build(seed: u64, mut cfg: dd_engine::EngineConfig, setup: Setup) -> Self {
+        cfg.mem.dedup = setup.dedup;
+        if setup.compress {
+            cfg.mem.compression = Compression::Lz4;
+        }
+        let faults = setup.faults.then(FaultInjector::new);
+        let cache = Cache::with_ssd_faults(cfg, faults.clone()).unwrap();
+        let dedup = setup.dedup;
         let mut pools = BTreeMap::new();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xabcdef);
         for vm in 1..=VMS {
@@ -234,7 +268,7 @@ impl Harness {
             cache.set_vm_dedup_group(VmId(1), Some(1)).unwrap();
             cache.set_vm_dedup_group(VmId(2), Some(1)).unwrap();
         }
-        Harness { _dir: dir, cache, pools, version: 0, ops: 0, faults: None, common_contents: dedup }
+        Harness { _dir: None, cache, pools, version: 0, ops: 0, faults, common_contents: dedup }
     }
 
     fn check_get(&mut self, vm: u32, slot: usize, key: Key, got: Option<&[u8]>) {
@@ -463,8 +497,11 @@ impl Harness {
                 }
             }
         }
-        assert_identity_fast(&self.cache);
+        if let Err(e) = self.cache.check_identity() {
+            panic!("after {op:?}: {e}");
+        }
         if self.ops.is_multiple_of(256) {
+            assert_identity_stats(&self.cache);
             self.cache.check_invariants().unwrap();
             self.check_persistent_counts();
         }
@@ -488,7 +525,9 @@ impl Harness {
     }
 }
 
-pub fn assert_identity_fast(cache: &Cache) {
+/// The identity of every pool, VM and the host as `host_stats` reports it (every 256 operations: it
+/// computes effective entitlements and allocates, which `check_identity` after each operation does not).
+pub fn assert_identity_stats(cache: &Cache) {
     let host = cache.host_stats();
     assert!(host.totals.identity_holds(), "host identity: {:?}", host.totals);
     for vm in &host.vms {
