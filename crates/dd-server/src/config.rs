@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// Co-operative de-duplication with peer daemons (thesis 004, chapter 5). Default off.
     pub coop: CoopConfig,
+    /// Recording of connections for fuzzing corpora (`capture` module). Default off.
+    #[serde(default)]
+    pub capture: CaptureConfig,
     /// VMs registered at start. Default none.
     #[serde(default)]
     pub vms: Vec<VmConfig>,
@@ -158,6 +161,35 @@ pub struct CoopConfig {
     /// The summary: `m_bits`, `k_hashes`, `removal` (`no-unset` or `counting`). Default 8 Mi bits, 7.
     pub bloom: dd_coop::BloomConfig,
     pub etcd: EtcdConfig,
+}
+
+/// Recording of what data-plane and peer connections exchange, into files the fuzz corpora are made
+/// from (`capture` module, `fuzz/README.md`). The files hold tokens and pages in clear: for test and
+/// benchmark daemons only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureConfig {
+    /// Folder of the capture files (created if missing); empty: nothing is recorded.
+    /// `doubledecker serve --capture-dir` (or `DD_CAPTURE_DIR`) overrides it. Default empty.
+    pub dir: PathBuf,
+    /// Connections recorded per daemon process, the first ones accepted. Default 64.
+    pub max_connections: u64,
+    /// Bytes of one connection's file; its exchange is recorded up to the record that would pass it.
+    /// Default 1048576 (1 MiB).
+    pub max_bytes_per_connection: u64,
+    /// Bytes of all capture files of the process together. Default 67108864 (64 MiB).
+    pub max_total_bytes: u64,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            dir: PathBuf::new(),
+            max_connections: 64,
+            max_bytes_per_connection: 1 << 20,
+            max_total_bytes: 64 << 20,
+        }
+    }
 }
 
 /// How peers are found.
@@ -385,6 +417,16 @@ impl ServerConfig {
             return Err(invalid("auth.token_file", "needed when auth.host_admin_token is empty"));
         }
         self.validate_coop()?;
+        let c = &self.capture;
+        for (field, v) in [
+            ("capture.max_connections", c.max_connections),
+            ("capture.max_bytes_per_connection", c.max_bytes_per_connection),
+            ("capture.max_total_bytes", c.max_total_bytes),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, "must be at least 1"));
+            }
+        }
         let mut ids = std::collections::HashSet::new();
         let mut tokens = std::collections::HashSet::new();
         tokens.insert(self.auth.host_admin_token.clone());
@@ -564,6 +606,7 @@ mod tests {
             ),
             ("[coop.bloom]\nm_bits = 100", "coop.bloom.m_bits"),
             ("[coop]\npublish_interval_ms = 0", "coop.publish_interval_ms"),
+            ("[capture]\nmax_total_bytes = 0", "capture.max_total_bytes"),
         ];
         for (text, field) in cases {
             assert_eq!(field_of(ServerConfig::from_toml(text).unwrap_err()), field, "{text}");

@@ -10,7 +10,8 @@
 //! one response out, no I/O but a remotified get's bounded peer fetch: the fuzz target drives it),
 //! [`net`] (listeners, connection loop, per connection bounds, blocking policy), [`admin`] (axum
 //! routes), [`metrics`], [`coop`] (co-operative de-duplication: peer listener, client, remotifier,
-//! summary publisher), [`etcd`] (etcd membership of the peers).
+//! summary publisher), [`etcd`] (etcd membership of the peers), [`capture`] (recording connections
+//! for fuzzing corpora, off by default).
 //!
 //! Shutdown order ([`run`]): stop accepting, tell every connection to finish the frames it holds and
 //! close, wait for them (bounded by `limits.drain_timeout_ms`), stop the admin API, quiesce the engine
@@ -19,6 +20,7 @@
 pub mod admin;
 pub mod admission;
 pub mod auth;
+pub mod capture;
 pub mod config;
 pub mod coop;
 pub mod coop_types;

@@ -38,10 +38,15 @@
 //! holds with co-operative de-duplication on: a remotified get waits (bounded by
 //! `coop.request_timeout_ms`) for a peer.
 //!
+//! Recording (`capture.dir`, off by default): what a connection reads and writes is written to its
+//! capture file (`crate::capture`) as it is read and before it is written; refused connections are not
+//! recorded.
+//!
 //! Shutdown: on the shutdown signal a connection stops reading, finishes the frames it already holds,
 //! writes their responses and closes.
 
 use crate::admission::{HandshakeSlot, SessionSlot, MAX_REFUSING};
+use crate::capture::{Channel, Recorder};
 use crate::handler::{begin_session, handle_frame, Flow, Session};
 use crate::handshake::Rehome;
 use crate::state::ServerState;
@@ -117,14 +122,15 @@ pub fn spawn_connection<S, D>(
     tokio::spawn(async move {
         match slot {
             Some(slot) => {
+                let mut rec = state.capture.as_ref().map_or_else(Recorder::off, |c| c.start(Channel::Data));
                 if let Some((stream, sess, session_slot, leftover)) =
-                    handshake(&state, stream, shutdown.clone(), slot).await
+                    handshake(&state, stream, shutdown.clone(), slot, &mut rec).await
                 {
                     // Registered with the session runtime's reactor, then served there.
                     match stream.rehome(&sessions) {
                         Ok(stream) => {
                             sessions.spawn(async move {
-                                serve_session(state, stream, sess, leftover, shutdown).await;
+                                serve_session(state, stream, sess, leftover, shutdown, rec).await;
                                 drop(session_slot);
                                 drop(done);
                             });
@@ -198,12 +204,14 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(state: &ServerState, stream: 
 
 /// Reads and answers the HELLO of an accepted stream. Returns the authenticated stream, its session,
 /// its session slot and the bytes that followed the HELLO; `None` when the connection ends here
-/// (refused, timed out, displaced, closed, or the server shuts down).
+/// (refused, timed out, displaced, closed, or the server shuts down). `rec` records what is read and
+/// written.
 async fn handshake<S>(
     state: &ServerState,
     mut stream: S,
     mut shutdown: watch::Receiver<bool>,
     mut slot: HandshakeSlot,
+    rec: &mut Recorder,
 ) -> Option<(S, Session, SessionSlot, Vec<u8>)>
 where
     S: AsyncRead + AsyncWrite + Rehome + Unpin,
@@ -228,6 +236,7 @@ where
                     Some(slot) => fail_delay(state, &mut stream, slot, &mut shutdown, deadline).await?,
                     None => deadline,
                 };
+                rec.sent(&out);
                 let sent = write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await;
                 return match session_slot {
                     Some(s) if sent && status.is_ok() => Some((stream, sess, s, hs[n..have].to_vec())),
@@ -243,6 +252,7 @@ where
                 write_error(&mut out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
                 let deadline = fail_delay(state, &mut stream, &mut slot, &mut shutdown, deadline).await?;
+                rec.sent(&out);
                 if write_or(&mut stream, &out, tokio::time::sleep_until(deadline)).await {
                     let _ = stream.shutdown().await;
                 }
@@ -252,7 +262,10 @@ where
         tokio::select! {
             r = stream.read(&mut hs[have..]) => match r {
                 Ok(0) | Err(_) => return None,
-                Ok(n) => have += n,
+                Ok(n) => {
+                    rec.received(&hs[have..have + n]);
+                    have += n;
+                }
             },
             _ = tokio::time::sleep_until(deadline) => {
                 state.metrics.connections_timed_out.fetch_add(1, Ordering::Relaxed);
@@ -298,13 +311,15 @@ async fn fail_delay<S: Rehome>(
 }
 
 /// Serves an authenticated stream until it closes, errs, times out or is revoked, or the server shuts
-/// down. `leftover`: what the client sent after its HELLO.
+/// down. `leftover`: what the client sent after its HELLO (already recorded). `rec` records what is
+/// read and written.
 async fn serve_session<S>(
     state: Arc<ServerState>,
     stream: S,
     mut sess: Session,
     leftover: Vec<u8>,
     mut shutdown: watch::Receiver<bool>,
+    mut rec: Recorder,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -342,6 +357,7 @@ async fn serve_session<S>(
                         }
                     }
                 };
+                rec.sent(&out);
                 if !write_or(&mut wr, &out, stop).await {
                     return;
                 }
@@ -374,10 +390,11 @@ async fn serve_session<S>(
         if inbuf.capacity() > 2 * (HEADER_LEN + state.max_payload as usize) + READ_CHUNK {
             inbuf.shrink_to(inbuf.len() + want);
         }
+        let read_from = inbuf.len();
         tokio::select! {
             r = rd.read_buf(&mut inbuf) => match r {
                 Ok(0) | Err(_) => return,
-                Ok(_) => {}
+                Ok(_) => rec.received(&inbuf[read_from..]),
             },
             _ = shutdown.changed() => closing = true,
             _ = revoked.changed() => {

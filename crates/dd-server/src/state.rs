@@ -68,6 +68,8 @@ pub struct ServerState {
     dedup_group_names: parking_lot::Mutex<std::collections::HashMap<VmId, String>>,
     /// Each VM's last guest provisioner report (`crate::provisioner`; a leaf).
     pub provisioner: crate::provisioner::Reports,
+    /// Recording of connections (`capture.dir`); `None`: off.
+    pub capture: Option<Arc<crate::capture::Capture>>,
 }
 
 impl ServerState {
@@ -115,6 +117,8 @@ impl ServerState {
             dedup_groups: Default::default(),
             dedup_group_names: Default::default(),
             provisioner: Default::default(),
+            capture: crate::capture::Capture::from_config(&cfg.capture)
+                .map_err(|e| ServerError::Io(format!("capture.dir {}: {e}", cfg.capture.dir.display())))?,
         };
         for vm in &cfg.vms {
             state.register(vm).map_err(ServerError::Engine)?;

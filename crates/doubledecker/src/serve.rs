@@ -10,6 +10,12 @@ pub struct ServeArgs {
     /// Configuration file (TOML), merged over the embedded default (`doubledecker config default`).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Record what every data-plane and peer connection receives and sends into this folder, one file
+    /// per connection (overrides `capture.dir`; bounded by the `[capture]` limits): the raw traffic the
+    /// fuzz corpora are made from (fuzz/README.md). The files hold tokens and pages in clear. The
+    /// environment variable reaches the daemons that benchmarks and tests start.
+    #[arg(long, env = "DD_CAPTURE_DIR")]
+    capture_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -51,7 +57,10 @@ pub enum ConfigKind {
 
 pub fn serve(a: ServeArgs) -> Result<()> {
     // An invalid configuration stops here with one message naming the field.
-    let cfg = dd_server::ServerConfig::load(a.config.as_deref())?;
+    let mut cfg = dd_server::ServerConfig::load(a.config.as_deref())?;
+    if let Some(dir) = a.capture_dir.filter(|d| !d.as_os_str().is_empty()) {
+        cfg.capture.dir = dir;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("dd-serve")

@@ -11,6 +11,7 @@
 //! pins happen after it is released).
 
 use super::{Coop, Summary};
+use crate::capture::{Channel, Recorder};
 use crate::state::ServerState;
 use dd_coop::identity::{Role, Transcript, NONCE_LEN};
 use dd_coop::pins::PinTable;
@@ -129,7 +130,8 @@ enum Handshake {
 /// is taken), reads at most 4096 payload bytes per frame, and must finish within
 /// `coop.handshake_timeout_ms`: a connection that says nothing costs its task and a few hundred bytes,
 /// for a few seconds. A name outside the membership is refused at its HELLO, a wrong signature at
-/// AUTH; neither touches any pin.
+/// AUTH; neither touches any pin. With `capture.dir` set, what the connection reads and writes is
+/// recorded (`crate::capture`).
 pub async fn serve_peer(
     coop: Arc<Coop>,
     state: Arc<ServerState>,
@@ -146,6 +148,7 @@ pub async fn serve_peer(
     let mut session_slot = None;
     let mut head = [0u8; HEADER_LEN];
     let mut out = Vec::new();
+    let mut rec = state.capture.as_ref().map_or_else(Recorder::off, |c| c.start(Channel::Peer));
     loop {
         let r = if let Some(hs) = slot.as_mut() {
             tokio::select! {
@@ -163,6 +166,7 @@ pub async fn serve_peer(
         if r.is_err() {
             return;
         }
+        rec.received(&head);
         // Before AUTH only a small frame is read; after it, up to the largest summary.
         let max = if from.is_some() { wire::ABSOLUTE_MAX_PAYLOAD } else { 4096 };
         let h = match wire::parse_header(&head, max) {
@@ -171,6 +175,7 @@ pub async fn serve_peer(
             Err(e) => {
                 out.clear();
                 wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
+                rec.sent(&out);
                 let _ = stream.write_all(&out).await;
                 return;
             }
@@ -182,6 +187,7 @@ pub async fn serve_peer(
         if !matches!(read, Ok(Ok(_))) {
             return;
         }
+        rec.received(&payload);
         out.clear();
         let mut close = false;
         match &from {
@@ -265,6 +271,7 @@ pub async fn serve_peer(
             }
             Some((name, epoch)) => coop.handle(&state, name, *epoch, &h, &payload, &mut out),
         }
+        rec.sent(&out);
         if stream.write_all(&out).await.is_err() || close {
             drop(session_slot);
             return;
