@@ -1,7 +1,8 @@
 //! Fuzz target: arbitrary bytes as a connection's input stream, through the daemon's frame splitter
 //! and request handler against a real (memory-only) engine: with no HELLO first (the
 //! pre-authentication path: HELLO frame limit, one frame answered at a time), with a HELLO of a wrong
-//! token, and with a valid HELLO. Nothing may panic; every response is a whole frame within the frame
+//! token, and with a valid HELLO (offering version 1, or 1 to 2). The first byte selects which
+//! (`byte % 3`: none, valid, wrong token; `byte & 0x80`: version 2 offered). Nothing may panic; every response is a whole frame within the frame
 //! limit (`limits.max_payload_bytes`), and an unauthenticated connection gets only short error frames
 //! or a HELLO answer; the engine's invariants hold afterwards and VM 2 is never touched.
 //! `dd_server::net::tests::drive_random_inputs_*` runs the same checks on seeded inputs.
@@ -43,8 +44,11 @@ fuzz_target!(|data: &[u8]| {
         Some(2) => Some("not-the-token-of-vm-1"),
         _ => None,
     };
+    // The selector's high bit offers protocol version 2 (the version real clients negotiate, so the
+    // frames of recorded sessions, which carry it, are accepted), else version 1 only.
+    let max_version = if data.first().is_some_and(|b| b & 0x80 != 0) { 2 } else { 1 };
     if let Some(t) = token {
-        dd_proto::Request::Hello { min_version: 1, max_version: 1, vm: 1, token: t.as_bytes() }
+        dd_proto::Request::Hello { min_version: 1, max_version, vm: 1, token: t.as_bytes() }
             .encode(1, 0, &mut input);
     }
     // The selector byte is not part of the connection's bytes (it was, and the stream after a valid

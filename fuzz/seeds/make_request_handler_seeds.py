@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed inputs of the `request_handler` fuzz target into seeds/request_handler/.
 
-An input is one selector byte (0: no HELLO, 1: a valid HELLO of VM 1, 2: a HELLO with a wrong token;
+An input is one selector byte (byte % 3 = 0: no HELLO, 1: a valid HELLO of VM 1, 2: a HELLO with a wrong
+token; with 0x80 set the HELLO offers version 2, else version 1 only;
 see fuzz_targets/request_handler.rs) followed by the connection's bytes. Without seeds libFuzzer spends
 its run finding the frame magic; with them it starts from well-formed sessions (every op, VM_STATS of
 many pools, oversized and early frames before HELLO) and mutates those. Frames follow docs/protocol.md

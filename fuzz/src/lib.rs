@@ -4,13 +4,15 @@
 //!   converter writes them: [`data_plane`], [`peer_handler`], [`engine_model`] (which includes the
 //!   engine's model-test harness by path). The targets themselves (`fuzz_targets/`) hold the models
 //!   and the checks.
-//! * [`unarbitrary`]: the inverse of `arbitrary`'s decoding for the shapes those inputs use, so that
-//!   inputs can be written from typed values (a corpus made from recorded traffic).
+//! * [`unarbitrary`]: the inverse of `arbitrary`'s decoding for the shapes those inputs use.
+//! * [`convert`]: recorded traffic (the daemon's capture files, `dd_server::capture`) turned into
+//!   inputs of every target, for `examples/corpus_from_capture.rs`.
 //!
 //! Invariant: every writer here is the exact inverse of its reader; the unit tests (`cargo test
-//! --manifest-path fuzz/Cargo.toml --lib`) check it, since `arbitrary`'s layout is its own and could
-//! change with its version.
+//! --manifest-path fuzz/Cargo.toml --lib`) and the converter (which re-reads every input it writes)
+//! check it, since `arbitrary`'s layout is its own and could change with its version.
 
+pub mod convert;
 pub mod data_plane;
 pub mod engine_model;
 pub mod peer_handler;
