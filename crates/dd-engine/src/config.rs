@@ -60,6 +60,12 @@ pub struct MemStoreConfig {
     pub dedup: bool,
     /// Compress pages; one that compresses to half a page or less takes half a frame. Default none.
     pub compression: Compression,
+    /// Ask the kernel to back the arena with transparent huge pages (`madvise(MADV_HUGEPAGE)`; a no-op
+    /// where THP is disabled). Frames are read and written at random places of the arena, and with
+    /// 4 KiB pages nearly every get and put misses the TLB and walks the page tables (twice over in a
+    /// VM); 2 MiB pages keep the walk out of the data path (docs/decisions.md D26). Memory is still
+    /// committed on first touch, 2 MiB at a time. Default true.
+    pub huge_pages: bool,
 }
 
 /// Page compression of the memory store.
@@ -79,6 +85,7 @@ impl Default for MemStoreConfig {
             max_capacity_bytes: None,
             dedup: false,
             compression: Compression::None,
+            huge_pages: true,
         }
     }
 }

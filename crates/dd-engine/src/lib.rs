@@ -39,6 +39,7 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub(crate) mod order;
+mod page_map;
 pub mod policy;
 mod pool;
 pub mod remote;

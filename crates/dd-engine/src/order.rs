@@ -70,6 +70,14 @@ impl<T> Slab<T> {
         self.live -= 1;
         item
     }
+    /// Frees an id without reading its item: on the data path the entry is a cache miss, and a write
+    /// of its slot does not wait for the line the way a read does.
+    pub fn discard(&mut self, id: u32) {
+        crate::invariant!(self.items[id as usize].is_some(), "slab: discarding a free id {id}");
+        self.items[id as usize] = None;
+        self.free.push(id);
+        self.live -= 1;
+    }
     pub fn try_get(&self, id: u32) -> Option<&T> {
         self.items.get(id as usize).and_then(|x| x.as_ref())
     }
@@ -149,7 +157,10 @@ impl OrderQueue {
 
     fn maybe_compact<T: Queued>(&mut self, slab: &Slab<T>, list: u8) {
         let l = list as usize;
-        if self.lists[l].len() > 2 * self.live[l] + 64 {
+        if self.live[l] == 0 {
+            // Every record is stale: nothing to look up (an exclusive pool drained by its gets).
+            self.lists[l].clear();
+        } else if self.lists[l].len() > 2 * self.live[l] + 64 {
             let mut records = std::mem::take(&mut self.lists[l]);
             records.retain(|r| self.is_live(slab, *r, list));
             self.lists[l] = records;
@@ -160,9 +171,51 @@ impl OrderQueue {
     /// Queues a newly inserted entry.
     pub fn push<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32, key: Key) {
         slab.get_mut(id).qpos_mut().freq = 0;
-        let list =
-            if self.order == EvictionOrder::S3Fifo && !self.ghost_set.remove(&key) { SMALL } else { MAIN };
+        let list = self.list_for_new(key);
         self.append(slab, id, list);
+    }
+
+    fn list_for_new(&mut self, key: Key) -> u8 {
+        if self.order == EvictionOrder::S3Fifo && !self.ghost_set.remove(&key) {
+            SMALL
+        } else {
+            MAIN
+        }
+    }
+
+    /// Inserts a new entry into `slab` and queues it, as `slab.insert` then [`Self::push`] would, but
+    /// with its queue position built before the entry is written: the put writes its (cold) slab slot
+    /// once and never reads it back. `make` builds the entry around its position. Returns its id.
+    pub fn insert_new<T: Queued>(
+        &mut self,
+        slab: &mut Slab<T>,
+        key: Key,
+        make: impl FnOnce(QPos) -> T,
+    ) -> u32 {
+        let list = self.list_for_new(key);
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        let qpos = QPos { stamp, list, freq: 0, queued: true, queue: self.id };
+        let id = slab.insert(make(qpos));
+        self.lists[list as usize].push_back(Record { id, stamp });
+        self.live[list as usize] += 1;
+        self.maybe_compact(slab, list);
+        id
+    }
+
+    /// Whether every entry of this queue is in its one list (FIFO, LRU, CLOCK: all but S3-FIFO), so
+    /// that [`Self::remove_discarded`] needs nothing from the entry.
+    pub fn single_list(&self) -> bool {
+        self.order != EvictionOrder::S3Fifo
+    }
+
+    /// Takes out of the order an entry of a [`Self::single_list`] queue whose slab id the caller has
+    /// just discarded, without touching the entry: its record is stale because the id is free (or,
+    /// once reused, carries another stamp), exactly as after [`Self::remove`].
+    pub fn remove_discarded<T: Queued>(&mut self, slab: &Slab<T>) {
+        debug_assert!(self.single_list());
+        self.live[MAIN as usize] -= 1;
+        self.maybe_compact(slab, MAIN);
     }
 
     /// Records an access to a queued entry (non-exclusive hit).

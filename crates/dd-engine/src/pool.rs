@@ -16,6 +16,7 @@
 //!   `counters.remote_pages` equals the number of remotified records.
 
 use crate::order::{OrderQueue, QPos, Queued, Slab};
+use crate::page_map::PageMap;
 use crate::remote::{Holder, RemoteRef, RemoteState};
 use crate::stats::Counters;
 use crate::store::frame::FrameId;
@@ -136,7 +137,14 @@ pub(crate) struct PoolInner {
     /// object -> index -> (entry id, location). The location is duplicated here so that a get learns
     /// where the bytes are from the index probe alone and can prefetch them while it finishes the
     /// bookkeeping (the slab entry is a second, independent cache miss).
-    objects: Map<u64, Map<u64, Slot>>,
+    objects: Map<u64, PageMap<Slot>>,
+    /// Hashes page indices in the per-object maps (randomly seeded, like the maps' own hashers).
+    pages_hasher: Hasher,
+    /// Emptied per-object maps kept for the next objects, so that a file whose pages all left and come
+    /// back does not allocate and grow its map again.
+    spare: SpareMaps,
+    /// The most entries the pool has held: what bounds the spare maps' capacity.
+    peak: usize,
     pub slab: Slab<Entry>,
     pub queues: [OrderQueue; 2],
     pub counters: Counters,
@@ -170,6 +178,9 @@ impl Pool {
             spec: AtomicSpec::new(spec),
             inner: Mutex::new(PoolInner {
                 objects: Map::default(),
+                pages_hasher: Hasher::default(),
+                spare: SpareMaps::default(),
+                peak: 0,
                 slab: Slab::default(),
                 queues: [OrderQueue::new(0, order), OrderQueue::new(1, order)],
                 counters: Counters::default(),
@@ -228,7 +239,7 @@ impl Pool {
 
 impl PoolInner {
     pub fn lookup(&self, key: Key) -> Option<u32> {
-        self.objects.get(&key.object).and_then(|o| o.get(&key.index)).map(|s| s.id)
+        self.objects.get(&key.object).and_then(|o| o.get(&self.pages_hasher, key.index)).map(|s| s.id)
     }
 
     pub fn entry(&self, id: u32) -> &Entry {
@@ -254,21 +265,25 @@ impl PoolInner {
         self.drop_remote(key);
         let version = self.next_version;
         self.next_version += 1;
-        let id = self.slab.insert(Entry { key, loc, qpos: QPos::default(), seq, version });
+        let id = self.queues[loc.store().idx()].insert_new(&mut self.slab, key, |qpos| Entry {
+            key,
+            loc,
+            qpos,
+            seq,
+            version,
+        });
         // One probe of each map level: the insert returns the entry it replaced, if any.
         let slot = Slot { id, loc };
-        let replaced = self.objects.entry(key.object).or_default().insert(key.index, slot).map(
-            |Slot { id: old, .. }| {
-                let store = self.slab.get(old).loc.store();
-                self.queues[store.idx()].remove(&mut self.slab, old);
-                let e = self.slab.remove(old);
-                let c = self.counters.store_mut(store);
-                c.flushes += 1;
-                c.used -= 1;
-                e.loc
-            },
-        );
-        self.queues[loc.store().idx()].push(&mut self.slab, id, key);
+        let spare = &mut self.spare;
+        let pages = self.objects.entry(key.object).or_insert_with(|| spare.take());
+        let replaced = pages.insert(&self.pages_hasher, key.index, slot).map(|old| {
+            self.unlink_slot(old);
+            let c = self.counters.store_mut(old.loc.store());
+            c.flushes += 1;
+            c.used -= 1;
+            old.loc
+        });
+        self.peak = self.peak.max(self.slab.len());
         let c = self.counters.store_mut(loc.store());
         match how {
             Arrival::Put => c.puts += 1,
@@ -283,21 +298,36 @@ impl PoolInner {
     /// Removes the page of `key`, if any, and counts the departure: the data path's one-pass lookup and
     /// removal (exclusive gets, flushes).
     /// `prefetch` is called with the page's location as soon as the index gives it.
-    pub fn take(&mut self, key: Key, why: Departure, prefetch: impl FnOnce(Loc)) -> Option<Entry> {
+    /// Returns the page's location, which the caller now owns.
+    pub fn take(&mut self, key: Key, why: Departure, prefetch: impl FnOnce(Loc)) -> Option<Loc> {
         if why == Departure::Flush {
             self.drop_remote(key);
         }
         let pages = self.objects.get_mut(&key.object)?;
-        let Slot { id, loc } = pages.remove(&key.index)?;
-        prefetch(loc);
+        let slot = pages.remove(&self.pages_hasher, key.index)?;
+        prefetch(slot.loc);
         if pages.is_empty() {
-            self.objects.remove(&key.object);
+            let empty = self.objects.remove(&key.object).expect("probed above");
+            self.spare.give(empty, self.peak);
         }
-        let store = self.slab.get(id).loc.store();
-        self.queues[store.idx()].remove(&mut self.slab, id);
-        let e = self.slab.remove(id);
-        self.count_departure(store, why);
-        Some(e)
+        self.unlink_slot(slot);
+        self.count_departure(slot.loc.store(), why);
+        Some(slot.loc)
+    }
+
+    /// Takes the entry of an index slot just removed from the index out of its queue and the slab.
+    /// The slot says where the page is; the entry itself (a cache miss of its own) is only read when
+    /// the queue needs it (S3-FIFO: which of its lists holds the entry).
+    fn unlink_slot(&mut self, slot: Slot) {
+        crate::invariant!(self.slab.get(slot.id).loc == slot.loc, "index and entry disagree on the location");
+        let q = &mut self.queues[slot.loc.store().idx()];
+        if q.single_list() {
+            self.slab.discard(slot.id);
+            q.remove_discarded(&self.slab);
+        } else {
+            q.remove(&mut self.slab, slot.id);
+            self.slab.discard(slot.id);
+        }
     }
 
     fn count_departure(&mut self, store: StoreKind, why: Departure) {
@@ -320,7 +350,8 @@ impl PoolInner {
         self.queues[from.store().idx()].remove(&mut self.slab, id);
         self.slab.get_mut(id).loc = to;
         let key = self.slab.get(id).key;
-        if let Some(slot) = self.objects.get_mut(&key.object).and_then(|o| o.get_mut(&key.index)) {
+        let h = &self.pages_hasher;
+        if let Some(slot) = self.objects.get_mut(&key.object).and_then(|o| o.get_mut(h, key.index)) {
             slot.loc = to;
         }
         self.queues[to.store().idx()].push(&mut self.slab, id, key);
@@ -338,13 +369,19 @@ impl PoolInner {
         let store = self.slab.get(id).loc.store();
         self.queues[store.idx()].remove(&mut self.slab, id);
         let e = self.slab.remove(id);
-        if let Some(o) = self.objects.get_mut(&e.key.object) {
-            o.remove(&e.key.index);
+        self.unindex(e.key);
+        e
+    }
+
+    /// Removes a key from the object index (its entry is already out of the slab).
+    fn unindex(&mut self, key: Key) {
+        if let Some(o) = self.objects.get_mut(&key.object) {
+            o.remove(&self.pages_hasher, key.index);
             if o.is_empty() {
-                self.objects.remove(&e.key.object);
+                let empty = self.objects.remove(&key.object).expect("probed above");
+                self.spare.give(empty, self.peak);
             }
         }
-        e
     }
 
     /// Removes an entry for a departure of the given kind and counts it.
@@ -359,12 +396,7 @@ impl PoolInner {
         let id = self.queues[store.idx()].pop_victim(&mut self.slab, |e| e.key)?;
         // pop_victim unlinked it from the queue; finish the removal from the index.
         let e = self.slab.remove(id);
-        if let Some(o) = self.objects.get_mut(&e.key.object) {
-            o.remove(&e.key.index);
-            if o.is_empty() {
-                self.objects.remove(&e.key.object);
-            }
-        }
+        self.unindex(e.key);
         let c = self.counters.store_mut(store);
         c.used -= 1;
         c.evictions += 1;
@@ -379,6 +411,12 @@ impl PoolInner {
     /// Ids of every page of an object.
     pub fn object_ids(&self, object: u64) -> Vec<u32> {
         self.objects.get(&object).map(|o| o.values().map(|s| s.id).collect()).unwrap_or_default()
+    }
+
+    /// Frees the emptied per-object maps kept for reuse (a destroyed pool reuses none, and a handle
+    /// may keep its bookkeeping alive for a while).
+    pub fn forget_spare_maps(&mut self) {
+        self.spare = SpareMaps::default();
     }
 
     /// Ids of every entry (destroy, spec changes).
@@ -516,9 +554,9 @@ impl PoolInner {
         let mut indexed = 0usize;
         for (object, pages) in &self.objects {
             assert!(!pages.is_empty(), "empty object map for {object}");
-            for (index, slot) in pages {
+            for (index, slot) in pages.iter() {
                 let e = self.slab.get(slot.id);
-                assert_eq!(e.key, Key::new(*object, *index), "index points at the wrong entry");
+                assert_eq!(e.key, Key::new(*object, index), "index points at the wrong entry");
                 assert_eq!(e.loc, slot.loc, "index and entry disagree on the location");
                 per_store[e.loc.store().idx()] += 1;
                 indexed += 1;
@@ -554,6 +592,34 @@ impl PoolInner {
 struct Slot {
     id: u32,
     loc: Loc,
+}
+
+/// Emptied per-object maps, kept with their capacity. Their capacities add up to at most the pool's
+/// peak number of entries, so the spares never hold more index memory than the pool once used.
+#[derive(Default)]
+struct SpareMaps {
+    maps: Vec<PageMap<Slot>>,
+    capacity: usize,
+}
+
+impl SpareMaps {
+    fn give(&mut self, map: PageMap<Slot>, peak: usize) {
+        debug_assert!(map.is_empty());
+        if self.capacity + map.capacity() <= peak {
+            self.capacity += map.capacity();
+            self.maps.push(map);
+        }
+    }
+
+    fn take(&mut self) -> PageMap<Slot> {
+        match self.maps.pop() {
+            Some(m) => {
+                self.capacity -= m.capacity();
+                m
+            }
+            None => PageMap::default(),
+        }
+    }
 }
 
 /// What storing a page saved: a de-duplication hit stores nothing new; compression stores half a frame.

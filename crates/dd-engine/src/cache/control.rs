@@ -328,6 +328,7 @@ impl Shared {
             let ids = g.all_ids();
             let locs: Vec<Loc> = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
             g.drop_all_remote();
+            g.forget_spare_maps();
             p.publish(&g);
             (locs, g.counters)
         };

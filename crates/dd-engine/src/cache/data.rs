@@ -27,8 +27,7 @@ impl Cache {
     /// Stores a page. Replaces any page of the same key. An ephemeral put may be refused under pressure.
     pub fn put(&self, vm: VmId, pool: PoolId, key: Key, data: &[u8]) -> Result<PutOutcome, CacheError> {
         self.check_len(data.len())?;
-        let p = self.shared.pool(vm, pool)?;
-        self.shared.put_in(&p, key, data)
+        self.shared.with_pool(vm, pool, |p| self.shared.put_in(p, key, data))
     }
 
     /// A handle on one pool's data path: puts and gets through it skip the pool-table lookup (a shard
@@ -43,8 +42,7 @@ impl Cache {
     /// removed from the cache.
     pub fn get(&self, vm: VmId, pool: PoolId, key: Key, out: &mut [u8]) -> Result<bool, CacheError> {
         self.check_len(out.len())?;
-        let p = self.shared.pool(vm, pool)?;
-        Ok(self.shared.get_in(&p, key, out).is_some())
+        self.shared.with_pool(vm, pool, |p| Ok(self.shared.get_in(p, key, out).is_some()))
     }
 
     /// Stores several pages of one pool. Returns one outcome per page, in order.
@@ -58,8 +56,7 @@ impl Cache {
         for (_, d) in pages {
             self.check_len(d.len())?;
         }
-        let p = self.shared.pool(vm, pool)?;
-        pages.iter().map(|(k, d)| self.shared.put_in(&p, *k, d)).collect()
+        self.shared.with_pool(vm, pool, |p| pages.iter().map(|(k, d)| self.shared.put_in(p, *k, d)).collect())
     }
 
     /// Looks several pages up; `out` holds `keys.len()` pages back to back. Returns which hit. SSD pages
@@ -84,8 +81,7 @@ impl Cache {
                 got: out.len(),
             });
         }
-        let p = self.shared.pool(vm, pool)?;
-        Ok(self.shared.get_batch_in(&p, keys, out))
+        self.shared.with_pool(vm, pool, |p| Ok(self.shared.get_batch_in(p, keys, out)))
     }
 
     /// Invalidates one page. Returns whether a page was there.
@@ -93,7 +89,7 @@ impl Cache {
         let p = self.shared.pool(vm, pool)?;
         let loc = {
             let mut g = p.inner.lock();
-            let loc = g.take(key, Departure::Flush, |_| {}).map(|e| e.loc);
+            let loc = g.take(key, Departure::Flush, |_| {});
             p.publish(&g);
             loc
         };
@@ -403,7 +399,7 @@ impl Shared {
         let loc = {
             let mut g = p.inner.lock();
             g.counters.puts_refused += 1;
-            let loc = g.take(key, Departure::Flush, |_| {}).map(|e| e.loc);
+            let loc = g.take(key, Departure::Flush, |_| {});
             p.publish(&g);
             loc
         };
@@ -431,7 +427,7 @@ impl Shared {
         if p.exclusive_gets {
             let taken = {
                 let mut g = p.inner.lock();
-                let r = g.take(key, Departure::ExclusiveGet, |l| self.prefetch(l)).map(|e| e.loc);
+                let r = g.take(key, Departure::ExclusiveGet, |l| self.prefetch(l));
                 if r.is_none() {
                     g.counters.gets_missed += 1;
                 }
@@ -587,7 +583,7 @@ impl Shared {
             let mut g = p.inner.lock();
             for (i, k) in keys.iter().enumerate() {
                 match g.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
-                    Some(e) => taken.push((i, e.loc)),
+                    Some(loc) => taken.push((i, loc)),
                     None => g.counters.gets_missed += 1,
                 }
             }

@@ -85,6 +85,8 @@ static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// (cache instance, next seq, end of block) of this thread's current sequence block.
     static SEQ_CACHE: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
+    /// The pool this thread last used by id, with its cache instance (see [`Shared::with_pool`]).
+    static LAST_POOL: std::cell::Cell<Option<(u64, Arc<Pool>)>> = const { std::cell::Cell::new(None) };
 }
 
 struct StoreState {
@@ -241,6 +243,10 @@ impl Cache {
         let mem_max = cfg.pages(cfg.mem.max_bytes());
         let mem =
             MemStore::new(ps, mem_max as u32, mem_cap as u32).map_err(|e| CacheError::Io(e.to_string()))?;
+        if cfg.mem.huge_pages {
+            // A hint (see `MemStoreConfig::huge_pages`): without THP the arena works the same, slower.
+            let _ = mem.advise_huge_pages();
+        }
         let (ssd, ssd_cap) = match &cfg.ssd {
             Some(s) => {
                 let slots = cfg.pages(s.capacity_bytes);
@@ -380,6 +386,36 @@ impl Shared {
             Some(p) => Ok(p.clone()),
             None => Err(CacheError::UnknownPool(pool)),
         }
+    }
+
+    /// Runs `f` on a pool of `vm`, as [`Self::pool`] finds it, for the data path by id. A thread
+    /// usually works on one pool for a while (a connection's batch, a guest's file), so the pool it used
+    /// last is kept in a thread-local slot and reused while it is the one asked for and not destroyed:
+    /// that skips the table shard's read lock, the probe and the `Arc`'s two reference-count updates,
+    /// four atomic read-modify-writes per call. The slot is taken out while `f` runs, so a nested call
+    /// looks its pool up in the table. A destroyed pool in the slot is only dropped (its bookkeeping
+    /// freed) on this thread's next call; a destroy racing with a call is the same race as one racing
+    /// with a table lookup (`PoolHandle::live`).
+    fn with_pool<R>(
+        &self,
+        vm: VmId,
+        id: PoolId,
+        f: impl FnOnce(&Arc<Pool>) -> Result<R, CacheError>,
+    ) -> Result<R, CacheError> {
+        let p = match LAST_POOL.with(|c| c.take()) {
+            Some((inst, p))
+                if inst == self.instance
+                    && p.vm == vm
+                    && p.id == id
+                    && !p.destroyed.load(Ordering::Acquire) =>
+            {
+                p
+            }
+            _ => self.pool(vm, id)?,
+        };
+        let r = f(&p);
+        LAST_POOL.with(|c| c.set(Some((self.instance, p))));
+        r
     }
 
     fn free_locs(&self, locs: &[Loc]) {
