@@ -22,6 +22,12 @@
 //!
 //! Rates are pages per second of wall-clock time summed over threads. With `threads > 1` the single
 //! thread figures are measured first in the same run so the scaling ratio compares like with like.
+//!
+//! The ratios to memcpy divide rates per second of each thread's **CPU time**
+//! (`CLOCK_THREAD_CPUTIME_ID`, read around every phase), so that on a shared machine a phase that lost
+//! the CPU to another process does not look slow: what is left is what the phase itself cost, memory
+//! stalls included. On a quiet machine the two clocks agree; the wall-clock rates stay in the report,
+//! and the scaling ratios use them (they are about parallelism).
 
 use dd_engine::config::{Maintenance, MemStoreConfig};
 use dd_engine::{Cache, EngineConfig, Key, PoolOptions, Spec, VmId, VmWeights};
@@ -66,6 +72,10 @@ pub struct Rates {
     pub put_pages_per_s: f64,
     pub get_hit_pages_per_s: f64,
     pub get_miss_per_s: f64,
+    /// The same per second of the threads' own CPU time (summed over threads).
+    pub memcpy_pages_per_cpu_s: f64,
+    pub put_pages_per_cpu_s: f64,
+    pub get_hit_pages_per_cpu_s: f64,
     pub rounds: u64,
 }
 
@@ -79,9 +89,12 @@ pub struct StoreBenchReport {
     pub put_pages_per_s: f64,
     pub get_hit_pages_per_s: f64,
     pub get_miss_per_s: f64,
-    /// SPEC target: at least 0.6.
+    pub memcpy_pages_per_cpu_s: f64,
+    pub put_pages_per_cpu_s: f64,
+    pub get_hit_pages_per_cpu_s: f64,
+    /// SPEC target: at least 0.6 (per CPU second, see the module docs).
     pub get_hit_vs_memcpy: f64,
-    /// SPEC target: at least 0.4 (and at least 1.5 million pages/s).
+    /// SPEC target: at least 0.4 (and at least 1.5 million pages/s); issue 16: at least 0.5.
     pub put_vs_memcpy: f64,
     /// The one-thread figures from the same run (present when `threads > 1`).
     pub single_thread: Option<Rates>,
@@ -134,8 +147,11 @@ pub fn run(
         put_pages_per_s: rates.put_pages_per_s,
         get_hit_pages_per_s: rates.get_hit_pages_per_s,
         get_miss_per_s: rates.get_miss_per_s,
-        get_hit_vs_memcpy: rates.get_hit_pages_per_s / rates.memcpy_pages_per_s,
-        put_vs_memcpy: rates.put_pages_per_s / rates.memcpy_pages_per_s,
+        memcpy_pages_per_cpu_s: rates.memcpy_pages_per_cpu_s,
+        put_pages_per_cpu_s: rates.put_pages_per_cpu_s,
+        get_hit_pages_per_cpu_s: rates.get_hit_pages_per_cpu_s,
+        get_hit_vs_memcpy: rates.get_hit_pages_per_cpu_s / rates.memcpy_pages_per_cpu_s,
+        put_vs_memcpy: rates.put_pages_per_cpu_s / rates.memcpy_pages_per_cpu_s,
         single_thread: single,
         put_scaling: single.map(|s| rates.put_pages_per_s / s.put_pages_per_s),
         get_hit_scaling: single.map(|s| rates.get_hit_pages_per_s / s.get_hit_pages_per_s),
@@ -149,6 +165,8 @@ struct ThreadTimes {
     put: Duration,
     get_hit: Duration,
     get_miss: Duration,
+    /// CPU seconds of this thread in the memcpy, put and get-hit phases.
+    cpu: [f64; 3],
     pages: u64,
     rounds: u64,
 }
@@ -185,6 +203,9 @@ fn measure(opts: &StoreBenchOptions) -> Result<(Rates, bool), StoreBenchError> {
         rates.put_pages_per_s += per(t.put);
         rates.get_hit_pages_per_s += per(t.get_hit);
         rates.get_miss_per_s += per(t.get_miss);
+        rates.memcpy_pages_per_cpu_s += t.pages as f64 / t.cpu[0];
+        rates.put_pages_per_cpu_s += t.pages as f64 / t.cpu[1];
+        rates.get_hit_pages_per_cpu_s += t.pages as f64 / t.cpu[2];
         rates.rounds = rates.rounds.max(t.rounds);
     }
     let host = cache.host_stats();
@@ -234,28 +255,31 @@ fn thread_main(
     let start = Instant::now();
     while times.rounds == 0 || start.elapsed() < deadline {
         // memcpy baseline: the same bytes, the same order as the get-hit phase.
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), crate::thread_cpu_s());
         for &i in &get_order {
             let i = i as usize;
             out.copy_from_slice(black_box(&data[i * ps..(i + 1) * ps]));
             black_box(&mut out);
         }
         times.memcpy += t0.elapsed();
+        times.cpu[0] += crate::thread_cpu_s() - c0;
 
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), crate::thread_cpu_s());
         for &i in &put_order {
             let i = i as usize;
             cache.put(vm, pool, Key::new(i as u64 / 64, i as u64), &data[i * ps..(i + 1) * ps])?;
         }
         times.put += t0.elapsed();
+        times.cpu[1] += crate::thread_cpu_s() - c0;
 
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), crate::thread_cpu_s());
         let mut hits = 0u64;
         for &i in &get_order {
             hits += cache.get(vm, pool, Key::new(i as u64 / 64, i as u64), &mut out)? as u64;
             black_box(&mut out);
         }
         times.get_hit += t0.elapsed();
+        times.cpu[2] += crate::thread_cpu_s() - c0;
         // Verify outside the timed loop: every page came back, and the last one has the right bytes.
         if hits != n as u64 {
             return Err(StoreBenchError::Corrupt { thread: t, key: u64::MAX });

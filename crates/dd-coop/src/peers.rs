@@ -285,7 +285,7 @@ pub fn accept_fetched(
     page: &[u8],
     page_len: usize,
 ) -> bool {
-    granted_epoch == answered_epoch && page.len() == page_len && xxhash_rust::xxh3::xxh3_128(page) == hash
+    granted_epoch == answered_epoch && page.len() == page_len && twox_hash::XxHash3_128::oneshot(page) == hash
 }
 
 /// Algorithm 3 for one page of content `hash`: asks `candidates` (membership order, see

@@ -68,7 +68,7 @@ fn page(i: u64) -> Vec<u8> {
 }
 
 fn hash(p: &[u8]) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(p)
+    twox_hash::XxHash3_128::oneshot(p)
 }
 
 impl FakeNet {

@@ -45,6 +45,8 @@ mod pool;
 pub mod remote;
 pub mod stats;
 pub mod store;
+#[cfg(test)]
+mod test_util;
 pub mod types;
 
 pub use cache::{Cache, GetOutcome, PoolHandle};

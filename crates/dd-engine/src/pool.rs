@@ -239,7 +239,15 @@ impl Pool {
 
 impl PoolInner {
     pub fn lookup(&self, key: Key) -> Option<u32> {
-        self.objects.get(&key.object).and_then(|o| o.get(&self.pages_hasher, key.index)).map(|s| s.id)
+        self.lookup_slot(key).map(|(id, _)| id)
+    }
+
+    /// The entry id and location of a key, from the index alone (the entry is not read).
+    pub fn lookup_slot(&self, key: Key) -> Option<(u32, Loc)> {
+        self.objects
+            .get(&key.object)
+            .and_then(|o| o.get(&self.pages_hasher, key.index))
+            .map(|s| (s.id, s.loc))
     }
 
     pub fn entry(&self, id: u32) -> &Entry {
@@ -437,6 +445,13 @@ impl PoolInner {
     /// Records an access for the eviction order (non-exclusive hits).
     pub fn touch(&mut self, id: u32) {
         let store = self.slab.get(id).loc.store();
+        self.touch_in(id, store);
+    }
+
+    /// [`Self::touch`] of an entry the caller knows is in `store` (from the index): a FIFO queue
+    /// ignores accesses, so its entry is not even read.
+    pub fn touch_in(&mut self, id: u32, store: StoreKind) {
+        crate::invariant!(self.slab.get(id).loc.store() == store, "touching entry {id} in the wrong tier");
         self.queues[store.idx()].touch(&mut self.slab, id);
     }
 

@@ -170,7 +170,7 @@ impl Shared {
         let mut not_offered = Vec::new();
         let mut freed = 0;
         for (key, token, f) in offers {
-            if !idx.release(&self.mem, f) {
+            if !idx.release(f) {
                 not_offered.push((key, token)); // still shared locally: stays a local page
                 continue;
             }

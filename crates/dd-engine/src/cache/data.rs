@@ -318,18 +318,9 @@ impl Shared {
             None => None,
         };
         // 2. A page that compresses to half a frame or less goes into a half; others are stored raw.
-        let compressed = self
-            .compress
-            .then(|| lz4_flex::block::compress(data))
-            .filter(|c| c.len() <= self.mem.half_capacity());
-        let (mut place, saved) = match &compressed {
-            Some(c) => match self.mem.store_half(c) {
-                Some(h) => (h, ps / 2),
-                None => {
-                    let f = self.reserve_frame(p)?;
-                    (self.mem.store_half_in(f, c), ps / 2)
-                }
-            },
+        let half = if self.compress { self.store_compressed(p, data).ok()? } else { None };
+        let (mut place, saved) = match half {
+            Some(h) => (h, ps / 2),
             None => {
                 let f = self.reserve_frame(p)?;
                 self.mem.write(f, data);
@@ -348,6 +339,26 @@ impl Shared {
             }
         }
         Some((Loc::Mem(place), Saving { dedup_hit: false, bytes: saved }))
+    }
+
+    /// Compresses a page into this thread's scratch buffer and stores it in a half frame:
+    /// `Ok(Some(half))`; `Ok(None)` when it does not fit a half (the page is then stored raw);
+    /// `Err(())` when there is no frame to put the half in.
+    fn store_compressed(&self, p: &Pool, data: &[u8]) -> Result<Option<crate::store::frame::FrameId>, ()> {
+        thread_local! {
+            static HALF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+        }
+        // Taken out while in use (reserving a frame may evict), put back after.
+        let mut buf = HALF.take();
+        let stored = match crate::store::lz4::compress(data, &mut buf, self.mem.half_capacity()) {
+            None => Ok(None),
+            Some(c) => match self.mem.store_half(c) {
+                Some(h) => Ok(Some(h)),
+                None => self.reserve_frame(p).map(|f| Some(self.mem.store_half_in(f, c))).ok_or(()),
+            },
+        };
+        HALF.set(buf);
+        stored
     }
 
     /// Reserves and allocates one memory frame for a put into `p` (evicting if the store is full).
@@ -483,19 +494,18 @@ impl Shared {
         for _ in 0..8 {
             let (slot, version) = {
                 let mut g = p.inner.lock();
-                let Some(id) = g.lookup(key) else {
+                let Some((id, loc)) = g.lookup_slot(key) else {
                     g.counters.gets_missed += 1;
                     return None;
                 };
-                let e = g.entry(id);
-                match e.loc {
+                match loc {
                     Loc::Mem(f) => {
                         self.mem.read(f, out);
                         g.counters.mem.gets_hit += 1;
-                        g.touch(id);
+                        g.touch_in(id, StoreKind::Mem);
                         return Some(StoreKind::Mem);
                     }
-                    Loc::Ssd(slot) => (slot, e.version),
+                    Loc::Ssd(slot) => (slot, g.entry(id).version),
                 }
             };
             let read_ok = self.ssd.as_ref().is_some_and(|ssd| ssd.read(slot, out).is_ok());
@@ -525,39 +535,17 @@ impl Shared {
 
     fn get_batch_each_in(&self, p: &Arc<Pool>, keys: &[Key], hit: &mut dyn FnMut(usize, &[u8])) -> usize {
         if !p.exclusive_gets {
-            let mut g = p.inner.lock();
-            // (index, slot id, frame) of each hit; all looked up before any is copied, so that the
-            // frames' first lines are on their way from memory while the copies run.
-            let mut found: Vec<(usize, u32, crate::store::frame::FrameId)> = Vec::with_capacity(keys.len());
-            let mut on_ssd = false;
-            for (i, k) in keys.iter().enumerate() {
-                let Some(id) = g.lookup(*k) else { continue };
-                match g.entry(id).loc {
-                    Loc::Mem(f) => {
-                        self.mem.prefetch(f);
-                        found.push((i, id, f));
-                    }
-                    // An SSD page is read without the lock and validated after (get_shared): the
-                    // general path below.
-                    Loc::Ssd(_) => {
-                        on_ssd = true;
-                        break;
-                    }
-                }
-            }
-            if !on_ssd {
-                for &(i, id, f) in &found {
-                    self.mem.with_page(f, |page| hit(i, page));
-                    g.counters.mem.gets_hit += 1;
-                    g.touch(id);
-                }
-                g.counters.gets_missed += (keys.len() - found.len()) as u64;
-                return found.len();
+            if let Some(n) = self.get_batch_in_memory(p, keys, hit) {
+                return n;
             }
         }
         let ps = self.page_size;
         let mut buf = vec![0u8; keys.len() * ps];
-        let hits = self.get_batch_in(p, keys, &mut buf);
+        let hits = if p.exclusive_gets {
+            self.get_batch_in(p, keys, &mut buf)
+        } else {
+            self.get_batch_shared_each_key(p, keys, &mut buf)
+        };
         let mut n = 0;
         for (i, page) in buf.chunks_exact(ps.max(1)).enumerate() {
             if hits[i] {
@@ -568,14 +556,61 @@ impl Shared {
         n
     }
 
+    /// A batch of non-exclusive gets whose hits are all in memory (the common case), under one pool
+    /// lock: every key is looked up and its frame prefetched before any page is handed to `hit`, so the
+    /// frames' first lines are on their way from memory while the copies run; each hit is handed over
+    /// in place (under the lock, which keeps the frame from being freed or rewritten) and counted, in
+    /// key order, as by one `get_shared` per key. `None`, with nothing counted or touched, when a hit
+    /// is on the SSD (read without the lock and validated after: `get_shared`).
+    fn get_batch_in_memory(
+        &self,
+        p: &Arc<Pool>,
+        keys: &[Key],
+        hit: &mut dyn FnMut(usize, &[u8]),
+    ) -> Option<usize> {
+        let mut g = p.inner.lock();
+        // (index, slot id, frame) of each hit.
+        let mut found: Vec<(usize, u32, crate::store::frame::FrameId)> = Vec::with_capacity(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            match g.lookup_slot(*k) {
+                None => {}
+                Some((id, Loc::Mem(f))) => {
+                    self.mem.prefetch(f);
+                    found.push((i, id, f));
+                }
+                Some((_, Loc::Ssd(_))) => return None,
+            }
+        }
+        for &(i, id, f) in &found {
+            self.mem.with_page(f, |page| hit(i, page));
+            g.counters.mem.gets_hit += 1;
+            g.touch_in(id, StoreKind::Mem);
+        }
+        g.counters.gets_missed += (keys.len() - found.len()) as u64;
+        Some(found.len())
+    }
+
+    /// Non-exclusive gets of a batch one key at a time (a batch with pages on the SSD).
+    fn get_batch_shared_each_key(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
+        let ps = self.page_size;
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]).is_some())
+            .collect()
+    }
+
     fn get_batch_in(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
         let ps = self.page_size;
         if !p.exclusive_gets {
-            return keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]).is_some())
-                .collect();
+            let mut hits = vec![false; keys.len()];
+            let copied = self.get_batch_in_memory(p, keys, &mut |i, page| {
+                out[i * ps..(i + 1) * ps].copy_from_slice(page);
+                hits[i] = true;
+            });
+            return match copied {
+                Some(_) => hits,
+                None => self.get_batch_shared_each_key(p, keys, out),
+            };
         }
         let mut hits = vec![false; keys.len()];
         let mut taken: Vec<(usize, Loc)> = Vec::with_capacity(keys.len());

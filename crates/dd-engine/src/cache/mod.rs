@@ -424,7 +424,7 @@ impl Shared {
             match *l {
                 Loc::Mem(f) => {
                     if let Some(idx) = &self.dedup {
-                        if !idx.release(&self.mem, f) {
+                        if !idx.release(f) {
                             continue; // still shared: no frame freed, no reservation released
                         }
                     }

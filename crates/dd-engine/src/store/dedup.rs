@@ -23,8 +23,9 @@
 //! **Invariants.** A frame in the index is immutable while its count is positive (every reference
 //! holder only reads it); its count equals the number of pool entries that reference it; the frame is
 //! freed exactly when the count drops to zero, under the shard lock, so a concurrent put can never take
-//! a reference to a frame that is being freed. Each frame's domain is recorded when it enters the index
-//! (it is owned exclusively then); its hash is recomputed from its (immutable) bytes on release.
+//! a reference to a frame that is being freed. Each frame's domain and hash are recorded in side tables
+//! when it enters the index (it is owned exclusively then), so a release finds its index entry without
+//! reading and re-hashing the page's 4 KiB.
 //! Frames that lost a hash collision are stored unindexed (domain [`UNINDEXED`]) and freed directly.
 
 use super::frame::FrameId;
@@ -44,6 +45,8 @@ pub struct ContentIndex {
     shards: Box<[crossbeam_utils::CachePadded<Shard>]>,
     /// Domain of each place (frame or half frame, by `FrameId::place_index`) while it is indexed.
     frame_domain: Box<[AtomicU64]>,
+    /// Content hash of each indexed place (low and high halves), recorded with its domain.
+    frame_hash: Box<[[AtomicU64; 2]]>,
     /// Places held (frames or half frames, indexed or not): one per distinct stored page.
     frames: AtomicU64,
 }
@@ -64,6 +67,9 @@ impl ContentIndex {
                 .map(|_| crossbeam_utils::CachePadded::new(Mutex::new(HashMap::default())))
                 .collect(),
             frame_domain: (0..max_frames as usize * 2).map(|_| AtomicU64::new(UNINDEXED)).collect(),
+            frame_hash: (0..max_frames as usize * 2)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
             frames: AtomicU64::new(0),
         }
     }
@@ -103,6 +109,9 @@ impl ContentIndex {
             }
             None => {
                 shard.insert((domain, hash), (frame, 1));
+                let [lo, hi] = &self.frame_hash[frame.place_index()];
+                lo.store(hash as u64, Ordering::Relaxed);
+                hi.store((hash >> 64) as u64, Ordering::Relaxed);
                 self.frame_domain[frame.place_index()].store(domain, Ordering::Relaxed);
                 self.frames.fetch_add(1, Ordering::Relaxed);
                 frame
@@ -112,13 +121,16 @@ impl ContentIndex {
 
     /// Drops one reference. Returns true when the frame is no longer referenced and must be freed (and
     /// its reservation released) by the caller.
-    pub fn release(&self, mem: &MemStore, frame: FrameId) -> bool {
+    pub fn release(&self, frame: FrameId) -> bool {
+        // Relaxed is enough: the caller's reference to the frame was handed to it (through a pool's
+        // lock or a pin) after the insert that recorded these, so the insert happens before this load.
         let domain = self.frame_domain[frame.place_index()].load(Ordering::Relaxed);
         if domain == UNINDEXED {
             self.frames.fetch_sub(1, Ordering::Relaxed);
             return true;
         }
-        let hash = mem.hash(frame);
+        let [lo, hi] = &self.frame_hash[frame.place_index()];
+        let hash = lo.load(Ordering::Relaxed) as u128 | (hi.load(Ordering::Relaxed) as u128) << 64;
         let mut shard = self.shard(hash).lock();
         let Some((f, refs)) = shard.get_mut(&(domain, hash)) else {
             crate::invariant!(false, "released frame {} is not in the content index", frame.0);
@@ -184,8 +196,8 @@ mod tests {
         assert_eq!(idx.lookup(&mem, 9, h, &page), Lookup::Absent);
         assert_eq!(idx.frames(), 1);
         assert_eq!(idx.references(), 2);
-        assert!(!idx.release(&mem, f));
-        assert!(idx.release(&mem, f));
+        assert!(!idx.release(f));
+        assert!(idx.release(f));
         assert_eq!(idx.frames(), 0);
         assert_eq!(idx.lookup(&mem, 0, h, &page), Lookup::Absent);
     }
@@ -206,7 +218,7 @@ mod tests {
         mem.write(fb, &b);
         assert_eq!(idx.insert(&mem, 0, h, fb, &b), fb);
         assert_eq!(idx.frames(), 2);
-        assert!(idx.release(&mem, fb), "the unindexed frame is freed directly");
-        assert!(idx.release(&mem, fa));
+        assert!(idx.release(fb), "the unindexed frame is freed directly");
+        assert!(idx.release(fa));
     }
 }

@@ -51,7 +51,25 @@ impl FrameId {
 }
 
 /// The content hash of a page: the key of the de-duplication index (`dedup`), what
-/// `MemStore::hash` recomputes for a frame, and the check of pages fetched from peers.
+/// `MemStore::hash` recomputes for a frame, and the check of pages fetched from peers. XXH3-128 with
+/// seed 0 (peers compare these hashes, so the function is part of the peer protocol); `twox-hash`
+/// chooses its AVX2 loop at run time where the CPU has it.
 pub fn hash_page(data: &[u8]) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(data)
+    twox_hash::XxHash3_128::oneshot(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The page hash is XXH3-128 exactly, as the reference implementation computes it: peers running
+    /// another build compare these hashes.
+    #[test]
+    fn hash_page_is_xxh3_128() {
+        let bytes = crate::test_util::pseudo_random_bytes(0x9E37_79B9_7F4A_7C15, 9000);
+        for len in [0, 1, 16, 17, 128, 129, 240, 241, 512, 4095, 4096, 8192, 9000] {
+            assert_eq!(hash_page(&bytes[..len]), xxhash_rust::xxh3::xxh3_128(&bytes[..len]), "length {len}");
+        }
+        assert_eq!(hash_page(&[]), 0x99aa_06d3_0147_98d8_6001_c324_468d_497f);
+    }
 }

@@ -22,7 +22,7 @@
 //! then does the cache release a reservation). Frames with one free half wait on the `unbuddied` list;
 //! `Zbud::state` (two bits per frame, changed only under the `zbud` lock) says which halves are in use.
 
-use super::frame::{hash_page, FrameId, MAX_FRAMES};
+use super::frame::{FrameId, MAX_FRAMES};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -32,8 +32,20 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 struct Zbud {
     /// Frames with exactly one half in use (may hold stale entries; checked on pop).
     unbuddied: Vec<u32>,
-    /// Per frame: bit 0 = first half in use, bit 1 = second half in use. Only for frames in zbud use.
-    state: std::collections::HashMap<u32, u8>,
+    /// Per frame: bit 0 = first half in use, bit 1 = second half in use; 0 for a frame not in zbud
+    /// use. Indexed by frame number and grown on demand (a byte per frame: denser and cheaper to
+    /// update than a map, on every compressed put and free).
+    state: Vec<u8>,
+}
+
+impl Zbud {
+    fn state_mut(&mut self, f: u32) -> &mut u8 {
+        let i = f as usize;
+        if i >= self.state.len() {
+            self.state.resize(i + 1, 0);
+        }
+        &mut self.state[i]
+    }
 }
 
 const STACKS: usize = 8;
@@ -178,10 +190,10 @@ impl MemStore {
         if frame.is_half() {
             let f = frame.frame();
             let mut z = self.zbud.lock();
-            let st = z.state.get_mut(&f).expect("freeing a half of a frame not in zbud use");
+            let st = z.state_mut(f);
+            crate::invariant!(*st != 0, "freeing a half of frame {f}, which is not in zbud use");
             *st &= !(1 << (frame.0 & 1));
             if *st == 0 {
-                z.state.remove(&f);
                 drop(z);
                 self.free_frame(f);
                 return true;
@@ -204,11 +216,11 @@ impl MemStore {
     pub fn store_half(&self, bytes: &[u8]) -> Option<FrameId> {
         let mut z = self.zbud.lock();
         while let Some(f) = z.unbuddied.pop() {
-            let Some(st) = z.state.get_mut(&f) else { continue };
+            let st = z.state_mut(f);
             let half = match *st {
                 0b01 => 1,
                 0b10 => 0,
-                _ => continue, // stale: both halves used again, or freed
+                _ => continue, // stale: both halves used again, or freed (0)
             };
             *st |= 1 << half;
             drop(z);
@@ -226,7 +238,7 @@ impl MemStore {
         let id = FrameId::half(frame.0, 0);
         self.write_half(id, bytes);
         let mut z = self.zbud.lock();
-        z.state.insert(frame.0, 0b01);
+        *z.state_mut(frame.0) = 0b01;
         z.unbuddied.push(frame.0);
         id
     }
@@ -269,13 +281,29 @@ impl MemStore {
     /// Decompresses a half into `out`. A page that does not decompress to exactly a page would be a bug
     /// in this module; it is reported as all zeros rather than partially filled.
     fn read_half(&self, id: FrameId, out: &mut [u8]) {
-        match lz4_flex::block::decompress_into(self.half_bytes(id), out) {
-            Ok(n) if n == out.len() => {}
+        match super::lz4::decompress_into(self.half_bytes(id), out) {
+            Some(n) if n == out.len() => {}
             _ => {
                 crate::invariant!(false, "compressed page {} does not decompress to a page", id.0);
                 out.fill(0);
             }
         }
+    }
+
+    /// Hands a half frame's page, decompressed into this thread's scratch page, to `f` (no allocation
+    /// per call: equality checks of de-duplication and gets of compressed pages run on every put and
+    /// get).
+    fn with_decompressed<R>(&self, id: FrameId, f: impl FnOnce(&[u8]) -> R) -> R {
+        thread_local! {
+            static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+        }
+        // Taken out while `f` runs (a nested call finds it empty and allocates), put back after.
+        let mut page = SCRATCH.take();
+        page.resize(self.page_size, 0);
+        self.read_half(id, &mut page);
+        let r = f(&page);
+        SCRATCH.set(page);
+        r
     }
 
     /// Frames in use (handed out and not on a free stack). Takes every free-stack lock: for checks only.
@@ -319,9 +347,7 @@ impl MemStore {
     /// whole call of `f`.
     pub fn with_page<R>(&self, frame: FrameId, f: impl FnOnce(&[u8]) -> R) -> R {
         if frame.is_half() {
-            let mut page = vec![0u8; self.page_size];
-            self.read_half(frame, &mut page);
-            return f(&page);
+            return self.with_decompressed(frame, f);
         }
         let src = self.frame_ptr(frame);
         // SAFETY: src points to page_size initialised bytes inside the mapping (frame_ptr checks the
@@ -335,28 +361,13 @@ impl MemStore {
     /// Whether a frame (immutable while the caller holds a reference) holds exactly `data`.
     pub fn equals(&self, frame: FrameId, data: &[u8]) -> bool {
         if frame.is_half() {
-            let mut page = vec![0u8; self.page_size];
-            self.read_half(frame, &mut page);
-            return page == data;
+            return self.with_decompressed(frame, |page| page == data);
         }
         let src = self.frame_ptr(frame);
         // SAFETY: src points to page_size bytes inside the mapping; the caller holds a reference that keeps
         // the frame allocated and unmodified (de-duplicated frames are immutable while referenced).
         let bytes = unsafe { std::slice::from_raw_parts(src, self.page_size) };
         bytes == data
-    }
-
-    /// The content hash of a frame (`store::frame::hash_page`), under the same condition as [`Self::equals`].
-    pub fn hash(&self, frame: FrameId) -> u128 {
-        if frame.is_half() {
-            let mut page = vec![0u8; self.page_size];
-            self.read_half(frame, &mut page);
-            return hash_page(&page);
-        }
-        let src = self.frame_ptr(frame);
-        // SAFETY: as in `equals`.
-        let bytes = unsafe { std::slice::from_raw_parts(src, self.page_size) };
-        hash_page(bytes)
     }
 
     /// Hints the CPU to start loading the first cache lines of a frame (a get is about to copy it). A

@@ -7,5 +7,6 @@
 // the way in. Imports go one way: `dedup` uses `mem`, and both use `frame`.
 pub(crate) mod dedup;
 pub(crate) mod frame;
+pub(crate) mod lz4;
 pub(crate) mod mem;
 pub mod ssd;
