@@ -226,9 +226,9 @@ pub struct Stamped<C: CacheOps> {
     ops: C,
     buf: Vec<u8>,
     verified: u64,
-    /// Each pool's spec (the tier of a hit follows from it). Looked up on every get: a fixed-seed
-    /// foldhash map, not the default SipHash one.
-    spec_cache: std::collections::HashMap<u32, Spec, foldhash::fast::FixedState>,
+    /// Each live pool's spec (the tier of a hit follows from it), indexed by VM id, then pool id: pool
+    /// ids are numbered per VM, so the VM is part of the key. Looked up on every get.
+    specs: Vec<Vec<Option<Spec>>>,
 }
 
 /// The in-process engine as the lab's second-chance cache.
@@ -246,12 +246,29 @@ impl EngineBackend {
 
 impl<C: CacheOps> Stamped<C> {
     pub fn over(ops: C) -> Stamped<C> {
-        Stamped {
-            ops,
-            buf: vec![0u8; ENGINE_PAGE],
-            verified: 0,
-            spec_cache: std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5bec)),
+        Stamped { ops, buf: vec![0u8; ENGINE_PAGE], verified: 0, specs: Vec::new() }
+    }
+
+    /// The spec of `vm`'s pool `pool` (`Spec::None` for a pool the lab did not create).
+    fn spec(&self, vm: u32, pool: u32) -> Spec {
+        self.specs
+            .get(vm as usize)
+            .and_then(|p| p.get(pool as usize))
+            .copied()
+            .flatten()
+            .unwrap_or(Spec::None)
+    }
+
+    fn set_spec_of(&mut self, vm: u32, pool: u32, spec: Option<Spec>) {
+        let (v, p) = (vm as usize, pool as usize);
+        if self.specs.len() <= v {
+            self.specs.resize_with(v + 1, Vec::new);
         }
+        let pools = &mut self.specs[v];
+        if pools.len() <= p {
+            pools.resize(p + 1, None);
+        }
+        pools[p] = spec;
     }
 
     pub fn ops(&self) -> &C {
@@ -276,15 +293,15 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
     }
     fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError> {
         let p = self.ops.new_pool(vm, opts)?;
-        self.spec_cache.insert(p, opts.spec);
+        self.set_spec_of(vm, p, Some(opts.spec));
         Ok(p)
     }
     fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
-        self.spec_cache.remove(&pool);
+        self.set_spec_of(vm, pool, None);
         self.ops.destroy_pool(vm, pool)
     }
     fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError> {
-        self.spec_cache.insert(pool, spec);
+        self.set_spec_of(vm, pool, Some(spec));
         self.ops.set_spec(vm, pool, spec)
     }
     fn set_capacity(&mut self, store: StoreKind, pages: u64) -> Result<(), LabError> {
@@ -312,7 +329,7 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
         index: u64,
         version: u32,
     ) -> Result<Option<StoreKind>, LabError> {
-        let spec = self.spec_cache.get(&pool).copied().unwrap_or(Spec::None);
+        let spec = self.spec(vm, pool);
         // A cache that does not say which tier hit: for a hybrid pool read the tier from the counters
         // (slower, only hybrid pools pay it).
         let before =
@@ -414,19 +431,25 @@ mod tests {
         assert_eq!(b.get(1, p, 1, 0, 5).unwrap(), None);
     }
 
-    #[test]
-    fn a_hybrid_hit_names_the_tier_the_counters_name() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A memory store of `mem` pages and an SSD store of `ssd` pages (its file in `dir`), with VM 1.
+    fn mem_and_ssd(mem: u64, ssd: u64, dir: &std::path::Path) -> EngineBackend {
         let mut b = EngineBackend::new(&BackendConfig {
-            mem_pages: 16,
-            mem_max_pages: 16,
-            ssd_pages: 256,
+            mem_pages: mem,
+            mem_max_pages: mem,
+            ssd_pages: ssd,
             mode: Mode::Partitioned,
             batch_pages: 1,
-            scratch_dir: dir.path().to_path_buf(),
+            scratch_dir: dir.to_path_buf(),
         })
         .unwrap();
         b.add_vm(1, 100, 100).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_hybrid_hit_names_the_tier_the_counters_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = mem_and_ssd(16, 256, dir.path());
         let p =
             b.new_pool(1, PoolOptions::ephemeral(Spec::Hybrid { mem_weight: 100, ssd_weight: 100 })).unwrap();
         for i in 0..64 {
@@ -482,6 +505,30 @@ mod tests {
         b.put(1, p1, 7, 4, 1).unwrap();
         assert_eq!(b.get(1, p1, 7, 4, 1).unwrap(), Some(StoreKind::Mem), "VM 2's destroy left VM 1's pool");
         assert!(b.put(2, p2, 7, 4, 1).is_err(), "VM 2's destroyed pool is gone");
+    }
+
+    /// Pool ids are per VM, and the stamped backend once kept each pool's spec by pool id alone: VM 2's
+    /// SSD-only pool 1 replaced VM 1's memory pool 1 in it, and every memory hit of VM 1 from then on
+    /// was reported (and timed) as an SSD hit (fig14-dynamic-vms: VM 3 is SSD-only).
+    #[test]
+    fn regression_two_vms_with_the_same_pool_id_kept_one_spec_for_the_tier_of_a_hit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = mem_and_ssd(64, 64, dir.path());
+        b.add_vm(2, 100, 100).unwrap();
+        let p1 = b.new_pool(1, PoolOptions::ephemeral(Spec::Mem { weight: 100 })).unwrap();
+        let p2 = b.new_pool(2, PoolOptions::ephemeral(Spec::Ssd { weight: 100 })).unwrap();
+        assert_eq!(p1, p2, "both VMs' first pool has the same id");
+        b.put(1, p1, 7, 0, 1).unwrap();
+        b.put(2, p2, 7, 0, 1).unwrap();
+        assert_eq!(b.get(1, p1, 7, 0, 1).unwrap(), Some(StoreKind::Mem), "VM 1's pool is a memory pool");
+        assert_eq!(b.get(2, p2, 7, 0, 1).unwrap(), Some(StoreKind::Ssd), "VM 2's pool is an SSD pool");
+        // A spec change of one VM's pool leaves the other's alone.
+        b.set_spec(1, p1, Spec::Ssd { weight: 100 }).unwrap();
+        b.set_spec(2, p2, Spec::Mem { weight: 100 }).unwrap();
+        b.put(1, p1, 7, 1, 1).unwrap();
+        b.put(2, p2, 7, 1, 1).unwrap();
+        assert_eq!(b.get(1, p1, 7, 1, 1).unwrap(), Some(StoreKind::Ssd));
+        assert_eq!(b.get(2, p2, 7, 1, 1).unwrap(), Some(StoreKind::Mem));
     }
 
     #[test]
