@@ -463,17 +463,42 @@ impl<B: SecondChance> Sim<B> {
         self.heap.push(Reverse(Ev { t, seq: self.seq, kind, a, b, c }));
     }
 
+    /// Replaces the thread event `ev`, still the earliest in the heap (an operation schedules nothing),
+    /// by the thread's next one at `next` (same thread, the container's current epoch), or drops it.
+    fn reschedule_top(&mut self, ev: Ev, next: Option<u64>) {
+        let Some(mut top) = self.heap.peek_mut() else { return };
+        debug_assert!(top.0 == ev, "an operation scheduled an event before its own");
+        match next {
+            Some(t) => {
+                self.seq += 1;
+                let epoch = self.cts[ev.a as usize].epoch;
+                // Dropping the `PeekMut` sifts the new event down to its place.
+                *top = Reverse(Ev { t, seq: self.seq, kind: EV_THREAD, a: ev.a, b: ev.b, c: epoch });
+            }
+            None => {
+                std::collections::binary_heap::PeekMut::pop(top);
+            }
+        }
+    }
+
     pub fn backend(&self) -> &B {
         &self.backend
     }
 
     /// Runs to the end. `progress` gets the fraction of emulated time done after every sample.
     pub fn run(mut self, progress: &mut dyn FnMut(f64)) -> Result<RunResult, LabError> {
-        while let Some(Reverse(ev)) = self.heap.pop() {
+        // The earliest event is read in place, not popped: a thread's operation reschedules the thread,
+        // and writing its next event over the one just run costs one sift-down where a pop and a push
+        // cost two sifts (`bench lab`: the heap was 6-11% of a run). Events are totally ordered by
+        // `(t, seq)` (every `seq` is new), so the heap yields them in the same order either way.
+        while let Some(&Reverse(ev)) = self.heap.peek() {
             if ev.t > self.end {
                 break;
             }
             self.now = ev.t;
+            if ev.kind != EV_THREAD {
+                self.heap.pop();
+            }
             match ev.kind {
                 EV_CONTROL => self.control(ev.a as usize)?,
                 EV_SAMPLE => {
@@ -483,13 +508,12 @@ impl<B: SecondChance> Sim<B> {
                 EV_PROVISION => self.provision(ev.a as usize)?,
                 _ => {
                     let (c, th) = (ev.a as usize, ev.b as usize);
-                    if !self.cts[c].running || self.cts[c].epoch != ev.c {
-                        continue;
-                    }
-                    if let Some(lat) = self.step(c, th)? {
-                        let epoch = self.cts[c].epoch;
-                        self.push(self.now + lat.max(1), EV_THREAD, c as u32, th as u32, epoch);
-                    }
+                    let next = if self.cts[c].running && self.cts[c].epoch == ev.c {
+                        self.step(c, th)?
+                    } else {
+                        None
+                    };
+                    self.reschedule_top(ev, next.map(|lat| self.now + lat.max(1)));
                 }
             }
         }
