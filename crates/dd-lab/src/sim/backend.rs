@@ -8,8 +8,16 @@
 //! also a coherency test of the engine (SPEC section 2: a get never returns data older than the latest
 //! put of its key). A mismatch is a [`LabError::Coherency`] and stops the run.
 //!
-//! Sizes: the engine runs with `page_size_bytes = 512` so the host's memory use stays small; one engine
-//! page stands for one 4 KiB guest page, and capacities are passed and reported in guest pages.
+//! Sizes: the engine runs with `page_size_bytes = 512` (the engine's smallest page) so the host's memory
+//! use stays small; one engine page stands for one 4 KiB guest page, and capacities are passed and
+//! reported in guest pages.
+//!
+//! A cleancache pool of spec `none` holds nothing: its puts are refused, and a change of spec to `none`
+//! drops its pages (`Cache::set_spec`). [`Stamped`] answers that pool's puts, gets and flushes itself
+//! and counts the refused puts and missed gets the engine would have counted, adding them to the pool's
+//! counters; a run without a second-chance cache (every container `none`, as in the trace replay against
+//! libCacheSim) then makes no calls into the engine on its data path, and its outputs are the same.
+//! A persistent (frontswap) pool keeps its pages under spec `none`, so its calls always go through.
 
 use crate::error::LabError;
 use dd_engine::config::{DirectIo, IoBackend, Maintenance, SsdStoreConfig};
@@ -226,9 +234,27 @@ pub struct Stamped<C: CacheOps> {
     ops: C,
     buf: Vec<u8>,
     verified: u64,
-    /// Each live pool's spec (the tier of a hit follows from it), indexed by VM id, then pool id: pool
-    /// ids are numbered per VM, so the VM is part of the key. Looked up on every get.
-    specs: Vec<Vec<Option<Spec>>>,
+    /// Each live pool, indexed by VM id, then pool id: pool ids are numbered per VM, so the VM is part
+    /// of the key. Looked up on every call of the data path.
+    pools: Vec<Vec<Option<PoolState>>>,
+}
+
+/// What the stamped backend keeps of a live pool.
+#[derive(Debug, Clone, Copy)]
+struct PoolState {
+    /// The tier of a hit follows from it.
+    spec: Spec,
+    ephemeral: bool,
+    /// Refused puts and missed gets answered here while the pool was idle (see [`PoolState::idle`]).
+    puts_refused: u64,
+    gets_missed: u64,
+}
+
+impl PoolState {
+    /// A cleancache pool of spec `none`: it holds no page and takes none (module documentation).
+    fn idle(&self) -> bool {
+        self.ephemeral && self.spec == Spec::None
+    }
 }
 
 /// The in-process engine as the lab's second-chance cache.
@@ -246,29 +272,41 @@ impl EngineBackend {
 
 impl<C: CacheOps> Stamped<C> {
     pub fn over(ops: C) -> Stamped<C> {
-        Stamped { ops, buf: vec![0u8; ENGINE_PAGE], verified: 0, specs: Vec::new() }
+        Stamped { ops, buf: vec![0u8; ENGINE_PAGE], verified: 0, pools: Vec::new() }
     }
 
-    /// The spec of `vm`'s pool `pool` (`Spec::None` for a pool the lab did not create).
-    fn spec(&self, vm: u32, pool: u32) -> Spec {
-        self.specs
-            .get(vm as usize)
-            .and_then(|p| p.get(pool as usize))
-            .copied()
-            .flatten()
-            .unwrap_or(Spec::None)
+    fn state(&self, vm: u32, pool: u32) -> Option<&PoolState> {
+        self.pools.get(vm as usize).and_then(|p| p.get(pool as usize)).and_then(Option::as_ref)
     }
 
-    fn set_spec_of(&mut self, vm: u32, pool: u32, spec: Option<Spec>) {
+    fn state_mut(&mut self, vm: u32, pool: u32) -> Option<&mut PoolState> {
+        self.pools.get_mut(vm as usize).and_then(|p| p.get_mut(pool as usize)).and_then(Option::as_mut)
+    }
+
+    /// Whether `vm`'s pool `pool` is idle (a pool the lab did not create is not: the engine answers).
+    fn idle(&self, vm: u32, pool: u32) -> bool {
+        self.state(vm, pool).is_some_and(PoolState::idle)
+    }
+
+    fn set_state(&mut self, vm: u32, pool: u32, state: Option<PoolState>) {
         let (v, p) = (vm as usize, pool as usize);
-        if self.specs.len() <= v {
-            self.specs.resize_with(v + 1, Vec::new);
+        if self.pools.len() <= v {
+            self.pools.resize_with(v + 1, Vec::new);
         }
-        let pools = &mut self.specs[v];
+        let pools = &mut self.pools[v];
         if pools.len() <= p {
             pools.resize(p + 1, None);
         }
-        pools[p] = spec;
+        pools[p] = state;
+    }
+
+    /// Debug builds: an idle pool really holds nothing (what answering for it relies on).
+    fn debug_check_idle(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
+        if cfg!(debug_assertions) {
+            let c = self.ops.pool_counters(vm, pool)?;
+            debug_assert_eq!(c.mem.used + c.ssd.used, 0, "an idle pool (spec none) holds pages");
+        }
+        Ok(())
     }
 
     pub fn ops(&self) -> &C {
@@ -293,16 +331,24 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
     }
     fn new_pool(&mut self, vm: u32, opts: PoolOptions) -> Result<u32, LabError> {
         let p = self.ops.new_pool(vm, opts)?;
-        self.set_spec_of(vm, p, Some(opts.spec));
+        let ephemeral = opts.kind == dd_engine::PoolKind::Ephemeral;
+        self.set_state(
+            vm,
+            p,
+            Some(PoolState { spec: opts.spec, ephemeral, puts_refused: 0, gets_missed: 0 }),
+        );
         Ok(p)
     }
     fn destroy_pool(&mut self, vm: u32, pool: u32) -> Result<(), LabError> {
-        self.set_spec_of(vm, pool, None);
+        self.set_state(vm, pool, None);
         self.ops.destroy_pool(vm, pool)
     }
     fn set_spec(&mut self, vm: u32, pool: u32, spec: Spec) -> Result<(), LabError> {
-        self.set_spec_of(vm, pool, Some(spec));
-        self.ops.set_spec(vm, pool, spec)
+        self.ops.set_spec(vm, pool, spec)?;
+        if let Some(st) = self.state_mut(vm, pool) {
+            st.spec = spec;
+        }
+        Ok(())
     }
     fn set_capacity(&mut self, store: StoreKind, pages: u64) -> Result<(), LabError> {
         self.ops.set_capacity(store, pages * ENGINE_PAGE as u64)
@@ -318,6 +364,13 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
         index: u64,
         version: u32,
     ) -> Result<Option<StoreKind>, LabError> {
+        if self.idle(vm, pool) {
+            self.debug_check_idle(vm, pool)?;
+            if let Some(st) = self.state_mut(vm, pool) {
+                st.puts_refused += 1;
+            }
+            return Ok(None);
+        }
         Self::stamp(&mut self.buf, pool, object, index, version);
         self.ops.put(vm, pool, Key::new(object, index), &self.buf)
     }
@@ -329,7 +382,13 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
         index: u64,
         version: u32,
     ) -> Result<Option<StoreKind>, LabError> {
-        let spec = self.spec(vm, pool);
+        let state = self.state_mut(vm, pool);
+        if let Some(st) = state.filter(|st| st.idle()) {
+            st.gets_missed += 1;
+            return Ok(None);
+        }
+        // A pool the lab did not create goes to the engine, whose answer is the error.
+        let spec = self.state(vm, pool).map_or(Spec::None, |st| st.spec);
         // A cache that does not say which tier hit: for a hybrid pool read the tier from the counters
         // (slower, only hybrid pools pay it).
         let before =
@@ -370,13 +429,24 @@ impl<C: CacheOps> SecondChance for Stamped<C> {
         Ok(Some(tier))
     }
     fn flush_page(&mut self, vm: u32, pool: u32, object: u64, index: u64) -> Result<(), LabError> {
+        if self.idle(vm, pool) {
+            return Ok(());
+        }
         self.ops.flush_page(vm, pool, Key::new(object, index))
     }
     fn flush_object(&mut self, vm: u32, pool: u32, object: u64) -> Result<(), LabError> {
+        if self.idle(vm, pool) {
+            return Ok(());
+        }
         self.ops.flush_object(vm, pool, object)
     }
     fn pool_counters(&mut self, vm: u32, pool: u32) -> Result<Counters, LabError> {
-        self.ops.pool_counters(vm, pool)
+        let mut c = self.ops.pool_counters(vm, pool)?;
+        if let Some(st) = self.state(vm, pool) {
+            c.puts_refused += st.puts_refused;
+            c.gets_missed += st.gets_missed;
+        }
+        Ok(c)
     }
     fn verified_hits(&self) -> u64 {
         self.verified
@@ -388,17 +458,21 @@ mod tests {
     use super::*;
     use dd_engine::PoolKind;
 
-    /// A 64-page memory store with VM 1 and one memory pool of `kind` in it.
-    fn one_pool(kind: PoolKind) -> (EngineBackend, u32) {
-        let mut b = EngineBackend::new(&BackendConfig {
-            mem_pages: 64,
-            mem_max_pages: 64,
-            ssd_pages: 0,
+    /// A memory store of `mem` pages and an SSD store of `ssd` pages (none if 0, else its file in `dir`).
+    fn config(mem: u64, ssd: u64, dir: &std::path::Path) -> BackendConfig {
+        BackendConfig {
+            mem_pages: mem,
+            mem_max_pages: mem,
+            ssd_pages: ssd,
             mode: Mode::Partitioned,
             batch_pages: 1,
-            scratch_dir: std::env::temp_dir(),
-        })
-        .unwrap();
+            scratch_dir: dir.to_path_buf(),
+        }
+    }
+
+    /// A 64-page memory store with VM 1 and one memory pool of `kind` in it.
+    fn one_pool(kind: PoolKind) -> (EngineBackend, u32) {
+        let mut b = EngineBackend::new(&config(64, 0, &std::env::temp_dir())).unwrap();
         b.add_vm(1, 100, 100).unwrap();
         let spec = Spec::Mem { weight: 100 };
         let opts = match kind {
@@ -433,15 +507,7 @@ mod tests {
 
     /// A memory store of `mem` pages and an SSD store of `ssd` pages (its file in `dir`), with VM 1.
     fn mem_and_ssd(mem: u64, ssd: u64, dir: &std::path::Path) -> EngineBackend {
-        let mut b = EngineBackend::new(&BackendConfig {
-            mem_pages: mem,
-            mem_max_pages: mem,
-            ssd_pages: ssd,
-            mode: Mode::Partitioned,
-            batch_pages: 1,
-            scratch_dir: dir.to_path_buf(),
-        })
-        .unwrap();
+        let mut b = EngineBackend::new(&config(mem, ssd, dir)).unwrap();
         b.add_vm(1, 100, 100).unwrap();
         b
     }
@@ -529,6 +595,53 @@ mod tests {
         b.put(2, p2, 7, 1, 1).unwrap();
         assert_eq!(b.get(1, p1, 7, 1, 1).unwrap(), Some(StoreKind::Ssd));
         assert_eq!(b.get(2, p2, 7, 1, 1).unwrap(), Some(StoreKind::Mem));
+    }
+
+    /// A cleancache pool of spec `none` is answered by the stamped backend without the engine; its
+    /// counters must be what the engine itself counts for the same calls, through a spec change to
+    /// memory and back (which drops the pool's pages).
+    #[test]
+    fn a_pool_of_spec_none_counts_what_the_engine_counts() {
+        let cfg = config(64, 0, &std::env::temp_dir());
+        let mut stamped = EngineBackend::new(&cfg).unwrap();
+        let mut direct = InProcess::new(&cfg).unwrap();
+        stamped.add_vm(1, 100, 100).unwrap();
+        direct.add_vm(1, VmWeights { mem: 100, ssd: 100 }).unwrap();
+        let opts = PoolOptions::ephemeral(Spec::None);
+        let (p, q) = (stamped.new_pool(1, opts).unwrap(), direct.new_pool(1, opts).unwrap());
+        let page = vec![0u8; ENGINE_PAGE];
+        let mut out = vec![0u8; ENGINE_PAGE];
+        let mut both = |s: &mut EngineBackend, d: &mut InProcess, i: u64| {
+            let put = s.put(1, p, 3, i, 1).unwrap();
+            assert_eq!(put, d.put(1, q, Key::new(3, i), &page).unwrap());
+            let got = s.get(1, p, 3, i, 1).unwrap();
+            assert_eq!(got.is_some(), d.get(1, q, Key::new(3, i), &mut out).unwrap() != Lookup::Miss);
+            s.flush_page(1, p, 3, i + 2).unwrap();
+            d.flush_page(1, q, Key::new(3, i + 2)).unwrap();
+        };
+        for i in 0..10 {
+            both(&mut stamped, &mut direct, i);
+        }
+        let mem = Spec::Mem { weight: 100 };
+        stamped.set_spec(1, p, mem).unwrap();
+        direct.set_spec(1, q, mem).unwrap();
+        for i in 10..20 {
+            both(&mut stamped, &mut direct, i);
+        }
+        stamped.set_spec(1, p, Spec::None).unwrap();
+        direct.set_spec(1, q, Spec::None).unwrap();
+        for i in 20..30 {
+            both(&mut stamped, &mut direct, i);
+        }
+        stamped.flush_object(1, p, 3).unwrap();
+        direct.flush_object(1, q, 3).unwrap();
+        let (s, d) = (stamped.pool_counters(1, p).unwrap(), direct.pool_counters(1, q).unwrap());
+        assert_eq!(s, d);
+        assert_eq!(
+            (s.puts_refused, s.gets_missed, s.mem.gets_hit),
+            (20, 20, 10),
+            "refused and missed under none"
+        );
     }
 
     #[test]
