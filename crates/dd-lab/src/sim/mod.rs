@@ -223,6 +223,9 @@ pub struct Sim<B: SecondChance> {
     vm_weights: Vec<(u32, u32)>,
     cts: Vec<Ct>,
     vm_cts: Vec<Vec<usize>>,
+    /// Per object, its size in pages: what a whole-file read reads, where an append starts, what an
+    /// fsync or a delete walks. A trace's objects keep 0, since a trace replay never asks (keeping their
+    /// extent up to date cost a cache miss per request on a trace of many objects).
     size: Vec<u32>,
     gen: Vec<u32>,
     cursor: Vec<u32>,
