@@ -1,10 +1,11 @@
-//! `KeyMap`: key -> slot, an open-addressing table with linear probing, for the stack models.
+//! `KeyMap`: key -> slot, an open-addressing table with linear probing, for the stack models and the
+//! lab's trace loader (`dd_lab::model::workload`, which numbers a trace's objects densely).
 //!
 //! Why not `HashMap`: the exact model looks up one key per reference in a map of every distinct key,
 //! far larger than the caches; with the key and its slot in one 16-byte entry, a lookup costs one
 //! cache miss where a SwissTable's separate control bytes and buckets cost two (measured: the map was
 //! two thirds of the exact model's time). [`KeyMap::prefetch`] lets a caller that knows the next keys
-//! overlap those misses.
+//! overlap those misses (the trace loader knows a whole batch of them).
 //!
 //! Invariants: `len` entries are occupied (`slot != EMPTY`); every occupied entry is reachable from
 //! its home index without crossing an empty one (deletion shifts entries back to keep it so); the
@@ -22,7 +23,7 @@ struct Entry {
 const VACANT: Entry = Entry { key: 0, slot: EMPTY };
 
 #[derive(Debug)]
-pub(crate) struct KeyMap {
+pub struct KeyMap {
     entries: Vec<Entry>,
     /// `64 - log2(entries.len())`: the home index is the hash's top bits.
     shift: u32,
@@ -37,6 +38,12 @@ fn mix(key: u64) -> u64 {
     k ^ (k >> 32)
 }
 
+impl Default for KeyMap {
+    fn default() -> Self {
+        KeyMap::new()
+    }
+}
+
 impl KeyMap {
     pub fn new() -> KeyMap {
         KeyMap { entries: vec![VACANT; 1024], shift: 64 - 10, len: 0 }
@@ -44,6 +51,33 @@ impl KeyMap {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `key`'s slot.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<u32> {
+        self.find(key).map(|i| self.entries[i].slot)
+    }
+
+    /// The index of `key`'s entry.
+    #[inline]
+    fn find(&self, key: u64) -> Option<usize> {
+        let mask = self.entries.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            let e = self.entries[i];
+            if e.slot == EMPTY {
+                return None;
+            }
+            if e.key == key {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
+        }
     }
 
     #[inline]
@@ -65,7 +99,7 @@ impl KeyMap {
         let _ = key;
     }
 
-    /// Sets `key`'s slot; returns the previous one.
+    /// Sets `key`'s slot (any value but `u32::MAX`); returns the previous one.
     #[inline]
     pub fn insert(&mut self, key: u64, slot: u32) -> Option<u32> {
         debug_assert_ne!(slot, EMPTY);
@@ -91,17 +125,7 @@ impl KeyMap {
     /// Removes `key`; returns its slot.
     pub fn remove(&mut self, key: u64) -> Option<u32> {
         let mask = self.entries.len() - 1;
-        let mut i = self.home(key);
-        loop {
-            let e = self.entries[i];
-            if e.slot == EMPTY {
-                return None;
-            }
-            if e.key == key {
-                break;
-            }
-            i = (i + 1) & mask;
-        }
+        let i = self.find(key)?;
         let slot = self.entries[i].slot;
         // Backward-shift deletion: pull later entries of the run into the hole when their home allows.
         let mut hole = i;
@@ -161,6 +185,7 @@ mod tests {
         for i in 0..200_000u32 {
             // Few distinct keys and many removals exercise long runs and backward shifts.
             let key = rng.gen_range(0..5_000u64) << 20;
+            assert_eq!(m.get(key), model.get(&key).copied(), "get {key} at {i}");
             if rng.gen_bool(0.3) {
                 assert_eq!(m.remove(key), model.remove(&key), "remove {key} at {i}");
             } else {

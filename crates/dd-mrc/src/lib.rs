@@ -69,6 +69,7 @@ mod stack;
 pub use config::{Method, MrcConfig, Policy, Sampling};
 pub use curve::{Curve, Unit};
 pub use error::MrcError;
+pub use keymap::KeyMap;
 pub use lru::{ExactLru, Shards};
 pub use minisim::MiniSim;
 pub use sampler::{sample_hash, Sampler, DEFAULT_SEED};

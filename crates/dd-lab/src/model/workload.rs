@@ -153,20 +153,29 @@ pub struct TraceLoad {
     pub max_requests: u64,
 }
 
-/// Renumbers object ids densely, in order of first appearance (a foldhash map: SipHash took a fifth of a
-/// plain-LRU replay's CPU, `scripts/lab-vs-libcachesim.sh`).
-struct Ids(std::collections::HashMap<u64, u32, foldhash::fast::FixedState>);
+/// Renumbers object ids densely, in order of first appearance. The map is `dd_mrc::KeyMap` (one cache
+/// miss per cold lookup, and a prefetch): with the standard library's SipHash map the numbering took a
+/// fifth of a plain-LRU replay's CPU (`scripts/lab-vs-libcachesim.sh`), and two thirds of the load with
+/// a foldhash one, nearly all of it cache misses on a map of every distinct object.
+#[derive(Default)]
+struct Ids(dd_mrc::KeyMap);
 
-impl Default for Ids {
-    fn default() -> Self {
-        Ids(std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x1d5)))
-    }
-}
+/// How many requests ahead of the one numbered the loader prefetches an object's map entry.
+const PREFETCH_AHEAD: usize = 16;
 
 impl Ids {
     fn get(&mut self, id: u64) -> Option<u32> {
-        let next = u32::try_from(self.0.len()).ok()?;
-        Some(*self.0.entry(id).or_insert(next))
+        if let Some(o) = self.0.get(id) {
+            return Some(o);
+        }
+        // `u32::MAX` is the map's empty marker, so ids stop one short of it.
+        let next = u32::try_from(self.0.len()).ok().filter(|&n| n != u32::MAX)?;
+        self.0.insert(id, next);
+        Some(next)
+    }
+
+    fn prefetch(&self, id: u64) {
+        self.0.prefetch(id);
     }
 }
 
@@ -243,7 +252,10 @@ impl Trace {
             if (rows.len() + batch.len()) as u64 > how.max_requests {
                 return Err(too_long(path, how.max_requests));
             }
-            for r in &batch {
+            for (i, r) in batch.iter().enumerate() {
+                if let Some(ahead) = batch.get(i + PREFETCH_AHEAD) {
+                    ids.prefetch(ahead.id);
+                }
                 let o = ids.get(r.id).ok_or_else(|| LabError::Trace {
                     path: path.to_string(),
                     message: "more than 2^32 distinct objects".into(),
