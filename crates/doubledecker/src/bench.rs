@@ -254,6 +254,10 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     r.get_hit_vs_memcpy
                 );
                 outln!("get (miss) per s       {:>14.0}", r.get_miss_per_s);
+                outln!(
+                    "put against memcpy into cold pages  {:.2}  (not a target: the copy a put cannot avoid)",
+                    r.put_vs_memcpy_cold
+                );
                 if let (Some(p), Some(g)) = (r.put_scaling, r.get_hit_scaling) {
                     outln!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x");
                 }
