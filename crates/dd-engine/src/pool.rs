@@ -620,7 +620,8 @@ struct SpareMaps {
 impl SpareMaps {
     fn give(&mut self, map: PageMap<Slot>, peak: usize) {
         debug_assert!(map.is_empty());
-        if self.capacity + map.capacity() <= peak {
+        // A map that never held a second key has no buckets: nothing to keep.
+        if map.capacity() > 0 && self.capacity + map.capacity() <= peak {
             self.capacity += map.capacity();
             self.maps.push(map);
         }
