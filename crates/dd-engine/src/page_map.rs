@@ -202,59 +202,48 @@ mod tests {
 
     type H = foldhash::fast::RandomState;
 
+    /// Applies `(op, key, value)` steps (op 0 and 1 insert, 2 removes) to the map and to `HashMap`,
+    /// and after every step checks that they agree on the length, every key of `probe`, and the items.
+    fn agrees_with_hashmap_over(steps: Vec<(u8, u64, u32)>, probe: &[u64]) -> Result<(), TestCaseError> {
+        let h = H::default();
+        let mut m: PageMap<u32> = PageMap::default();
+        let mut r: HashMap<u64, u32> = HashMap::new();
+        for (op, k, v) in steps {
+            match op {
+                0 | 1 => prop_assert_eq!(m.insert(&h, k, v), r.insert(k, v)),
+                _ => prop_assert_eq!(m.remove(&h, k), r.remove(&k)),
+            }
+            prop_assert_eq!(m.len(), r.len());
+            prop_assert_eq!(m.is_empty(), r.is_empty());
+            for &key in probe {
+                prop_assert_eq!(m.get(&h, key), r.get(&key).copied());
+                prop_assert_eq!(m.get_mut(&h, key).copied(), r.get(&key).copied());
+            }
+            let mut items: Vec<_> = m.iter().collect();
+            items.sort();
+            let mut want: Vec<_> = r.iter().map(|(k, v)| (*k, *v)).collect();
+            want.sort();
+            prop_assert_eq!(items, want);
+        }
+        Ok(())
+    }
+
     proptest! {
         /// The map against `HashMap`, over inserts, replacements and removals of a small key space
         /// (so that runs, wrap-around and backward shifts are exercised), checked after every step.
         #[test]
         fn agrees_with_hashmap(ops in proptest::collection::vec((0u8..3, 0u64..48, any::<u32>()), 0..400)) {
-            let h = H::default();
-            let mut m: PageMap<u32> = PageMap::default();
-            let mut r: HashMap<u64, u32> = HashMap::new();
-            for (op, k, v) in ops {
-                let k = if k >= 40 { u64::MAX - k } else { k };
-                match op {
-                    0 | 1 => prop_assert_eq!(m.insert(&h, k, v), r.insert(k, v)),
-                    _ => prop_assert_eq!(m.remove(&h, k), r.remove(&k)),
-                }
-                prop_assert_eq!(m.len(), r.len());
-                for key in (0..40).chain((40..48).map(|k| u64::MAX - k)) {
-                    prop_assert_eq!(m.get(&h, key), r.get(&key).copied());
-                }
-                let mut items: Vec<_> = m.iter().collect();
-                items.sort();
-                let mut want: Vec<_> = r.iter().map(|(k, v)| (*k, *v)).collect();
-                want.sort();
-                prop_assert_eq!(items, want);
-            }
+            let key = |k: u64| if k >= 40 { u64::MAX - k } else { k };
+            let probe: Vec<u64> = (0..48).map(key).collect();
+            agrees_with_hashmap_over(ops.into_iter().map(|(op, k, v)| (op, key(k), v)).collect(), &probe)?;
         }
-    }
 
-    proptest! {
         /// The same over three keys, so that the inline key, its replacement and removal, and the move
         /// to allocated buckets at a second key are what most steps exercise.
         #[test]
         fn agrees_with_hashmap_around_the_inline_key(ops in proptest::collection::vec((0u8..3, 0u64..3, any::<u32>()), 0..40)) {
-            let h = H::default();
-            let mut m: PageMap<u32> = PageMap::default();
-            let mut r: HashMap<u64, u32> = HashMap::new();
-            for (op, k, v) in ops {
-                let k = if k == 2 { u64::MAX } else { k };
-                match op {
-                    0 | 1 => prop_assert_eq!(m.insert(&h, k, v), r.insert(k, v)),
-                    _ => prop_assert_eq!(m.remove(&h, k), r.remove(&k)),
-                }
-                prop_assert_eq!(m.len(), r.len());
-                prop_assert_eq!(m.is_empty(), r.is_empty());
-                for key in [0, 1, u64::MAX, 7] {
-                    prop_assert_eq!(m.get(&h, key), r.get(&key).copied());
-                    prop_assert_eq!(m.get_mut(&h, key).copied(), r.get(&key).copied());
-                }
-                let mut items: Vec<_> = m.iter().collect();
-                items.sort();
-                let mut want: Vec<_> = r.iter().map(|(k, v)| (*k, *v)).collect();
-                want.sort();
-                prop_assert_eq!(items, want);
-            }
+            let key = |k: u64| if k == 2 { u64::MAX } else { k };
+            agrees_with_hashmap_over(ops.into_iter().map(|(op, k, v)| (op, key(k), v)).collect(), &[0, 1, u64::MAX, 7])?;
         }
     }
 
