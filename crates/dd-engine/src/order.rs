@@ -143,16 +143,24 @@ impl OrderQueue {
     }
 
     fn append<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32, list: u8) {
+        let pos = self.new_position(list);
+        let q = slab.get_mut(id).qpos_mut();
+        *q = QPos { freq: q.freq, ..pos };
+        self.enqueue(slab, id, pos);
+    }
+
+    /// The position of the next entry appended to `list` (frequency 0: the caller keeps an entry's own).
+    fn new_position(&mut self, list: u8) -> QPos {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        let q = slab.get_mut(id).qpos_mut();
-        q.stamp = stamp;
-        q.list = list;
-        q.queued = true;
-        q.queue = self.id;
-        self.lists[list as usize].push_back(Record { id, stamp });
-        self.live[list as usize] += 1;
-        self.maybe_compact(slab, list);
+        QPos { stamp, list, freq: 0, queued: true, queue: self.id }
+    }
+
+    /// Appends the record of entry `id`, whose position is `pos` (from [`Self::new_position`]).
+    fn enqueue<T: Queued>(&mut self, slab: &Slab<T>, id: u32, pos: QPos) {
+        self.lists[pos.list as usize].push_back(Record { id, stamp: pos.stamp });
+        self.live[pos.list as usize] += 1;
+        self.maybe_compact(slab, pos.list);
     }
 
     fn maybe_compact<T: Queued>(&mut self, slab: &Slab<T>, list: u8) {
@@ -193,13 +201,9 @@ impl OrderQueue {
         make: impl FnOnce(QPos) -> T,
     ) -> u32 {
         let list = self.list_for_new(key);
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
-        let qpos = QPos { stamp, list, freq: 0, queued: true, queue: self.id };
-        let id = slab.insert(make(qpos));
-        self.lists[list as usize].push_back(Record { id, stamp });
-        self.live[list as usize] += 1;
-        self.maybe_compact(slab, list);
+        let pos = self.new_position(list);
+        let id = slab.insert(make(pos));
+        self.enqueue(slab, id, pos);
         id
     }
 

@@ -311,13 +311,8 @@ impl PoolInner {
         if why == Departure::Flush {
             self.drop_remote(key);
         }
-        let pages = self.objects.get_mut(&key.object)?;
-        let slot = pages.remove(&self.pages_hasher, key.index)?;
+        let slot = self.unindex(key)?;
         prefetch(slot.loc);
-        if pages.is_empty() {
-            let empty = self.objects.remove(&key.object).expect("probed above");
-            self.spare.give(empty, self.peak);
-        }
         self.unlink_slot(slot);
         self.count_departure(slot.loc.store(), why);
         Some(slot.loc)
@@ -381,15 +376,16 @@ impl PoolInner {
         e
     }
 
-    /// Removes a key from the object index (its entry is already out of the slab).
-    fn unindex(&mut self, key: Key) {
-        if let Some(o) = self.objects.get_mut(&key.object) {
-            o.remove(&self.pages_hasher, key.index);
-            if o.is_empty() {
-                let empty = self.objects.remove(&key.object).expect("probed above");
-                self.spare.give(empty, self.peak);
-            }
+    /// Removes a key from the object index, keeping an emptied object's map for reuse; returns the
+    /// key's slot (its entry, if still in the slab, is the caller's to unlink).
+    fn unindex(&mut self, key: Key) -> Option<Slot> {
+        let pages = self.objects.get_mut(&key.object)?;
+        let slot = pages.remove(&self.pages_hasher, key.index)?;
+        if pages.is_empty() {
+            let empty = self.objects.remove(&key.object).expect("probed above");
+            self.spare.give(empty, self.peak);
         }
+        Some(slot)
     }
 
     /// Removes an entry for a departure of the given kind and counts it.

@@ -7,7 +7,7 @@
 //!   compressed page (`HALF_BIT | frame << 1 | half`). A frame number therefore fits in 30 bits
 //!   ([`MAX_FRAMES`]), so a half's id is never a whole frame's, nor its buddy's.
 //! * [`hash_page`] is a pure function of a page's bytes (xxh3-128), so the hash of an immutable frame
-//!   can be recomputed at any time and equals the one it was indexed under. Equal hashes do not prove
+//!   equals the one it was indexed under at any time (the index keeps it rather than recomputing it). Equal hashes do not prove
 //!   equal bytes: every user compares bytes before it relies on a match.
 
 /// A frame number in the arena, or (top bit set) one half of a frame holding a compressed page.
@@ -50,8 +50,8 @@ impl FrameId {
     }
 }
 
-/// The content hash of a page: the key of the de-duplication index (`dedup`), what
-/// `MemStore::hash` recomputes for a frame, and the check of pages fetched from peers. XXH3-128 with
+/// The content hash of a page: the key of the de-duplication index (`dedup`, which records each
+/// indexed frame's hash beside it) and the check of pages fetched from peers. XXH3-128 with
 /// seed 0 (peers compare these hashes, so the function is part of the peer protocol); `twox-hash`
 /// chooses its AVX2 loop at run time where the CPU has it.
 pub fn hash_page(data: &[u8]) -> u128 {
