@@ -122,7 +122,7 @@ pub fn spawn_connection<S, D>(
     tokio::spawn(async move {
         match slot {
             Some(slot) => {
-                let mut rec = state.capture.as_ref().map_or_else(Recorder::off, |c| c.start(Channel::Data));
+                let mut rec = state.recorder(Channel::Data);
                 if let Some((stream, sess, session_slot, leftover)) =
                     handshake(&state, stream, shutdown.clone(), slot, &mut rec).await
                 {

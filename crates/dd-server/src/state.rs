@@ -73,6 +73,11 @@ pub struct ServerState {
 }
 
 impl ServerState {
+    /// The recorder of a new connection on `channel`: off unless `capture.dir` is set (`crate::capture`).
+    pub fn recorder(&self, channel: crate::capture::Channel) -> crate::capture::Recorder {
+        self.capture.as_ref().map_or_else(crate::capture::Recorder::off, |c| c.start(channel))
+    }
+
     /// Builds the engine, registers the configured VMs and applies the registrations file over them.
     pub fn new(cfg: &ServerConfig, host_token: &str) -> Result<ServerState, ServerError> {
         ServerState::with_ssd_faults(cfg, host_token, None)

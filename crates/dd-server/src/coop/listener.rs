@@ -11,7 +11,7 @@
 //! pins happen after it is released).
 
 use super::{Coop, Summary};
-use crate::capture::{Channel, Recorder};
+use crate::capture::Channel;
 use crate::state::ServerState;
 use dd_coop::identity::{Role, Transcript, NONCE_LEN};
 use dd_coop::pins::PinTable;
@@ -148,7 +148,7 @@ pub async fn serve_peer(
     let mut session_slot = None;
     let mut head = [0u8; HEADER_LEN];
     let mut out = Vec::new();
-    let mut rec = state.capture.as_ref().map_or_else(Recorder::off, |c| c.start(Channel::Peer));
+    let mut rec = state.recorder(Channel::Peer);
     loop {
         let r = if let Some(hs) = slot.as_mut() {
             tokio::select! {
