@@ -110,7 +110,9 @@ fn the_provisioner_gives_each_container_the_memory_its_curves_call_for() {
     let last = r.decisions.last().unwrap();
     assert!(last.feasible, "{last:#?}");
     let limit = |n: &str| last.containers.iter().find(|c| c.name == n).unwrap().memory_limit_mib;
-    assert!(limit("kv") >= 24.0, "kv's 24 MiB all in memory: {last:#?}");
+    // All of kv's 24 MiB in memory, or within the closed loop's `min_gain` (5%) of it: a plan that is
+    // predicted better by less than that does not replace one measured to meet both targets.
+    assert!(limit("kv") >= 24.0 * 0.95, "kv's 24 MiB in memory: {last:#?}");
     assert!((limit("kv") + limit("web") - 48.0).abs() < 0.01, "the limits share the VM: {last:#?}");
     // Applied: the memcg limits in the time series are the decisions'.
     let s = r.samples.iter().rev().find(|s| s.ct == 0).unwrap();

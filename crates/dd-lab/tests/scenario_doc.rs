@@ -195,7 +195,7 @@ fn parsed_place(place: &str) -> Value {
     const CT: &str = "workload = { kind = \"webserver\" }";
     let text = match place {
         "memctl" => with(&[("memory_mib = 16", "memory_mib = 16\nmemctl = {}")]),
-        "provision" | "provision_decision" => with(&[("memory_mib = 16", "memory_mib = 16\nprovision = {}")]),
+        "provision" | "provision_decision" | "provision_feedback" => with(&[("memory_mib = 16", "memory_mib = 16\nprovision = {}")]),
         "memctl_container" => {
             with(&[("memory_mib = 16", "memory_mib = 16\nmemctl = { containers = { c = {} } }")])
         }
@@ -221,6 +221,7 @@ fn parsed_place(place: &str) -> Value {
         "memctl_container" => v["vms"][0]["memctl"]["containers"]["c"].clone(),
         "provision" => v["vms"][0]["provision"].clone(),
         "provision_decision" => v["vms"][0]["provision"]["decision"].clone(),
+        "provision_feedback" => v["vms"][0]["provision"]["decision"]["feedback"].clone(),
         "container" => ct.clone(),
         "webserver" | "webproxy" | "varmail" | "videoserver" | "kv" | "ycsb" | "trace" => {
             ct["workload"].clone()

@@ -21,11 +21,13 @@
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod error;
+pub mod feedback;
 pub mod model;
 pub mod plan;
 pub mod report;
 
 pub use dd_mrc::{Curve, Unit};
 pub use error::ProvisionError;
+pub use feedback::{ContainerStatus, Controller, Decision, FeedbackConfig, Measured, Source, TargetState};
 pub use model::{ContainerInput, Demand, LatencyModel, Observed, Prediction, Target};
 pub use plan::{provision, Allocation, Budget, ContainerPlan, Objective, Plan, ProvisionConfig};

@@ -226,8 +226,12 @@ impl<'a> Model<'a> {
         };
         if let Some(o) = &input.observed {
             let memory = m.memory_ns(o.file_pages, o.anon_pages, o.mem_cache_pages, o.ssd_cache_pages);
-            // What the measurement leaves after the memory part; never below nothing.
-            m.other_ns = (o.ns_per_op - memory).max(0.0);
+            // What the measurement leaves after the memory part; never below the configured time of
+            // an operation that does not depend on memory (a measurement the model's memory part
+            // over-explains would otherwise calibrate `other` to nothing, and every allocation would
+            // then look as fast as memory alone: a single thread predicted at ten times what it can
+            // issue). The closed loop ([`crate::feedback`]) corrects what remains.
+            m.other_ns = (o.ns_per_op - memory).max(d.other_ns_per_op);
         }
         m
     }
@@ -249,6 +253,14 @@ impl<'a> Model<'a> {
             .map_or(0.0, |c| (c.miss_ratio_at(anon) - self.anon_floor).max(0.0));
         let anon_ns = (1.0 - a) * l.memory_hit_ns + a * l.anon_miss_ns;
         d.file_reads_per_op * file_ns + d.anon_accesses_per_op * anon_ns
+    }
+
+    /// The most this container can do: every page it reuses in memory (each curve at its largest size),
+    /// so only `other`, the memory hits and the first references remain; at most the client's rate.
+    pub fn ceiling_ops_s(&self) -> f64 {
+        let big = |c: Option<&Curve>| c.map_or(0.0, |c| c.max_size() as f64);
+        let file = big(Some(&self.input.file_curve));
+        self.predict_split(file, big(self.input.anon_curve.as_ref()), 0.0, 0.0).ops_s
     }
 
     /// The prediction for a split of memory into `file` and `anon` pages and cache shares.

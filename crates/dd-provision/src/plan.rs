@@ -21,6 +21,7 @@
 //! `O(n * steps^2)` for the SSD one.
 
 use crate::error::ProvisionError;
+use crate::feedback::FeedbackConfig;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
 use dd_engine::Spec;
 use serde::{Deserialize, Serialize};
@@ -94,6 +95,9 @@ pub struct ProvisionConfig {
     /// of them (the lab's guest does the same).
     #[serde(default = "d_file_share")]
     pub min_file_share: f64,
+    /// The closed loop's settings ([`crate::feedback`]); [`provision`] alone does not use them.
+    #[serde(default)]
+    pub feedback: FeedbackConfig,
 }
 
 impl Default for ProvisionConfig {
@@ -105,6 +109,7 @@ impl Default for ProvisionConfig {
             rounds: d_rounds(),
             hysteresis: d_hysteresis(),
             min_file_share: d_file_share(),
+            feedback: FeedbackConfig::default(),
         }
     }
 }
@@ -126,7 +131,7 @@ impl ProvisionConfig {
         if !(0.0..1.0).contains(&self.min_file_share) {
             return Err(ProvisionError::invalid("min_file_share", "must be in [0, 1)"));
         }
-        Ok(())
+        self.feedback.validate()
     }
 }
 
@@ -187,12 +192,25 @@ impl Score {
     }
 }
 
+/// How the closed loop ([`crate::feedback`]) steers the programme: every prediction passes through
+/// `adjust` (container index, its memory, memory-cache and SSD-cache pages, the model's prediction),
+/// and with an `anchor` each container's units stay within `max_step_units` of the anchor's in every
+/// resource (bounded steps from an allocation that was measured).
+pub(crate) struct Steer<'s> {
+    pub adjust: &'s dyn Fn(usize, [f64; 3], Prediction) -> Prediction,
+    pub anchor: Option<&'s [Allocation]>,
+    pub max_step_units: usize,
+}
+
 struct Ctx<'a> {
     models: Vec<Model<'a>>,
     cfg: ProvisionConfig,
     /// Pages per unit of memory, memory cache, SSD cache, and the units of each.
     unit: [f64; 3],
     units: [usize; 3],
+    /// Per container, the units it may take of each resource (inclusive bounds).
+    range: Vec<[(usize, usize); 3]>,
+    steer: Option<&'a Steer<'a>>,
 }
 
 impl Ctx<'_> {
@@ -210,7 +228,11 @@ impl Ctx<'_> {
     }
 
     fn predict_pages(&self, i: usize, memory: f64, mem: f64, ssd: f64) -> Prediction {
-        self.models[i].predict(memory, mem, ssd, self.unit[0].max(1.0), self.cfg.min_file_share)
+        let p = self.models[i].predict(memory, mem, ssd, self.unit[0].max(1.0), self.cfg.min_file_share);
+        match self.steer {
+            Some(s) => (s.adjust)(i, [memory, mem, ssd], p),
+            None => p,
+        }
     }
 
     fn predict_units(&self, i: usize, u: [usize; 3]) -> Prediction {
@@ -220,15 +242,6 @@ impl Ctx<'_> {
             u[1] as f64 * self.unit[1],
             u[2] as f64 * self.unit[2],
         )
-    }
-
-    fn min_memory_units(&self, i: usize) -> usize {
-        let min = self.models[i].input.min_memory_pages as f64;
-        if self.unit[0] <= 0.0 {
-            0
-        } else {
-            ((min / self.unit[0]).ceil() as usize).min(self.units[0])
-        }
     }
 
     /// Joint memory and memory-cache programme with each container's SSD units fixed; returns the
@@ -242,10 +255,10 @@ impl Ctx<'_> {
         dp[0] = Score { met: 0, comfy: 0, obj: 0.0 };
         let mut choice: Vec<Vec<(u16, u16)>> = Vec::with_capacity(n);
         for (i, &s) in ssd.iter().enumerate() {
-            let lo = self.min_memory_units(i);
+            let [(lo, hi), (blo, bhi), _] = self.range[i];
             let mut table = vec![Score::NONE; (km + 1) * w];
-            for a in lo..=km {
-                for b in 0..=kc {
+            for a in lo..=hi {
+                for b in blo..=bhi {
                     table[a * w + b] = self.score(i, &self.predict_units(i, [a, b, s]));
                 }
             }
@@ -255,8 +268,8 @@ impl Ctx<'_> {
                 for c in 0..=kc {
                     let mut best = Score::NONE;
                     let mut arg = (u16::MAX, u16::MAX);
-                    for a in lo..=m {
-                        for b in 0..=c {
+                    for a in lo..=m.min(hi) {
+                        for b in blo..=c.min(bhi) {
                             let prev = dp[(m - a) * w + (c - b)];
                             if prev.obj == f64::NEG_INFINITY {
                                 continue;
@@ -307,12 +320,20 @@ impl Ctx<'_> {
         dp[0] = Score { met: 0, comfy: 0, obj: 0.0 };
         let mut choice = Vec::with_capacity(n);
         for (i, &(m, c)) in mc.iter().enumerate() {
-            let table: Vec<Score> =
-                (0..=ks).map(|s| self.score(i, &self.predict_units(i, [m, c, s]))).collect();
+            let (slo, shi) = self.range[i][2];
+            let table: Vec<Score> = (0..=ks)
+                .map(|s| {
+                    if (slo..=shi).contains(&s) {
+                        self.score(i, &self.predict_units(i, [m, c, s]))
+                    } else {
+                        Score::NONE
+                    }
+                })
+                .collect();
             let mut next = vec![Score::NONE; ks + 1];
             let mut pick = vec![0usize; ks + 1];
             for t in 0..=ks {
-                for s in 0..=t {
+                for s in slo..=t.min(shi) {
                     let prev = dp[t - s];
                     if prev.obj == f64::NEG_INFINITY {
                         continue;
@@ -346,6 +367,20 @@ pub fn provision(
     lat: &LatencyModel,
     budget: &Budget,
     cfg: &ProvisionConfig,
+) -> Result<Plan, ProvisionError> {
+    solve(containers, current, lat, budget, cfg, None, None)
+}
+
+/// [`provision`], steered by the closed loop when `steer` is given; with `fixed`, the plan is that
+/// allocation (its predictions and pool weights) instead of the programme's.
+pub(crate) fn solve(
+    containers: &[ContainerInput],
+    current: Option<&[Allocation]>,
+    lat: &LatencyModel,
+    budget: &Budget,
+    cfg: &ProvisionConfig,
+    steer: Option<&Steer<'_>>,
+    fixed: Option<&[Allocation]>,
 ) -> Result<Plan, ProvisionError> {
     cfg.validate()?;
     for (i, c) in containers.iter().enumerate() {
@@ -388,42 +423,79 @@ pub fn provision(
     let (mu, km) = grid(budget.memory_pages);
     let (cu, kc) = grid(budget.mem_cache_pages);
     let (su, ks) = grid(budget.ssd_cache_pages);
+    if steer.and_then(|s| s.anchor).or(fixed).is_some_and(|a| a.len() != containers.len()) {
+        return Err(ProvisionError::invalid("anchor", "one allocation per container"));
+    }
+    let (unit, units) = ([mu, cu, su], [km, kc, ks]);
+    let range = (0..containers.len())
+        .map(|i| {
+            let min = containers[i].min_memory_pages as f64;
+            let floor = if mu <= 0.0 { 0 } else { ((min / mu).ceil() as usize).min(km) };
+            let mut r = [(floor, km), (0, kc), (0, ks)];
+            if let Some(s) = steer {
+                if let Some(a) = s.anchor {
+                    let pages = [a[i].memory_pages, a[i].mem_cache_pages, a[i].ssd_cache_pages];
+                    for d in 0..3 {
+                        // The anchor's units, rounded down so that the anchors still fit the budget.
+                        let at = if unit[d] <= 0.0 {
+                            0
+                        } else {
+                            ((pages[d] as f64 / unit[d]) as usize).min(units[d])
+                        };
+                        let lo = at.saturating_sub(s.max_step_units).max(r[d].0);
+                        let hi = (at + s.max_step_units).min(units[d]).max(lo);
+                        r[d] = (lo, hi);
+                    }
+                }
+            }
+            r
+        })
+        .collect();
     let ctx = Ctx {
         models: containers.iter().map(|c| Model::new(c, lat)).collect(),
         cfg: *cfg,
-        unit: [mu, cu, su],
-        units: [km, kc, ks],
+        unit,
+        units,
+        range,
+        steer,
     };
     let n = containers.len();
-    let mut ssd = vec![0usize; n];
-    let mut mc = ctx.plan_mem(&ssd).ok_or_else(|| {
-        ProvisionError::invalid("containers.min_memory_pages", "the floors exceed the grid")
-    })?;
-    if ks > 0 {
-        for _ in 0..cfg.rounds {
-            let s = ctx.plan_ssd(&mc);
-            let m = ctx.plan_mem(&s).expect("the floors fitted in the first round");
-            let same = s == ssd && m == mc;
-            ssd = s;
-            mc = m;
-            if same {
-                break;
+    let mut alloc = match fixed {
+        // The closed loop's choice of a measured allocation: only its predictions and weights.
+        Some(f) => f.to_vec(),
+        None => {
+            let mut ssd = vec![0usize; n];
+            let mut mc = ctx.plan_mem(&ssd).ok_or_else(|| {
+                ProvisionError::invalid("containers.min_memory_pages", "the floors exceed the grid")
+            })?;
+            if ks > 0 {
+                for _ in 0..cfg.rounds {
+                    let s = ctx.plan_ssd(&mc);
+                    let m = ctx.plan_mem(&s).expect("the floors fitted in the first round");
+                    let same = s == ssd && m == mc;
+                    ssd = s;
+                    mc = m;
+                    if same {
+                        break;
+                    }
+                }
             }
+            // Pages of the plan; unused memory is shared evenly.
+            let mut alloc: Vec<Allocation> = (0..n)
+                .map(|i| Allocation {
+                    memory_pages: (mc[i].0 as f64 * mu).floor() as u64,
+                    mem_cache_pages: (mc[i].1 as f64 * cu).floor() as u64,
+                    ssd_cache_pages: (ssd[i] as f64 * su).floor() as u64,
+                })
+                .collect();
+            let spare = budget.memory_pages
+                - alloc.iter().map(|a| a.memory_pages).sum::<u64>().min(budget.memory_pages);
+            for (i, a) in alloc.iter_mut().enumerate() {
+                a.memory_pages += spare / n as u64 + (i < (spare % n as u64) as usize) as u64;
+            }
+            alloc
         }
-    }
-    // Pages of the plan; unused memory is shared evenly.
-    let mut alloc: Vec<Allocation> = (0..n)
-        .map(|i| Allocation {
-            memory_pages: (mc[i].0 as f64 * mu).floor() as u64,
-            mem_cache_pages: (mc[i].1 as f64 * cu).floor() as u64,
-            ssd_cache_pages: (ssd[i] as f64 * su).floor() as u64,
-        })
-        .collect();
-    let spare =
-        budget.memory_pages - alloc.iter().map(|a| a.memory_pages).sum::<u64>().min(budget.memory_pages);
-    for (i, a) in alloc.iter_mut().enumerate() {
-        a.memory_pages += spare / n as u64 + (i < (spare % n as u64) as usize) as u64;
-    }
+    };
     let eval = |alloc: &[Allocation]| -> (Score, Vec<Prediction>) {
         let preds: Vec<Prediction> = (0..n)
             .map(|i| {

@@ -6,9 +6,12 @@
 //! lowered limit) and pool specs (`set_spec`).
 //!
 //! Owns [`VmProv`] (one VM's settings and the counters at its last decision), [`Decision`] and
-//! [`CurveSnapshot`] (what the run reports). Invariants: a decision changes nothing of a container that
-//! is not running; the first decision has no current allocation to keep (the scenario's initial
-//! settings are not a plan), later ones pass the last plan's allocation for hysteresis.
+//! [`CurveSnapshot`] (what the run reports). The decision is the closed loop's
+//! (`dd_provision::Controller`): each container's throughput, latency and hit ratio since the last
+//! decision are its measurement of the allocation in force, and the scenario's initial settings (its
+//! memory limits, or usage where it has none, and the pools' occupancy) are the first allocation
+//! measured. Invariants: a decision changes nothing of a container that is not running, nor anything
+//! at all while a running container has not run since the last decision (the loop is learning).
 
 use super::{Sim, NS};
 use crate::error::LabError;
@@ -19,7 +22,8 @@ use crate::sim::backend::SecondChance;
 use crate::sim::streams::StreamCounters;
 use dd_engine::{Spec, StoreKind};
 use dd_provision::{
-    provision, Allocation, Budget, ContainerInput, Curve, Demand, LatencyModel, Observed, Target,
+    Allocation, Budget, ContainerInput, Controller, Curve, Demand, LatencyModel, Measured, Observed, Source,
+    Target, TargetState,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -42,8 +46,8 @@ pub(super) struct VmProv {
     /// Per container index: its target and floor (pages).
     targets: BTreeMap<usize, (Option<Target>, u64)>,
     last: BTreeMap<usize, Snap>,
-    /// The last plan's allocations, by container index.
-    current: BTreeMap<usize, Allocation>,
+    /// The closed loop: what each allocation measured, the model's corrections, the misses.
+    ctl: Controller,
 }
 
 impl VmProv {
@@ -61,7 +65,7 @@ impl VmProv {
                 (first_ct + i, (c.target, floor))
             })
             .collect();
-        Some(VmProv { cfg, targets, last: BTreeMap::new(), current: BTreeMap::new() })
+        Some(VmProv { cfg, targets, last: BTreeMap::new(), ctl: Controller::new() })
     }
 
     /// Decision times (ns) up to `end`.
@@ -94,6 +98,10 @@ pub struct DecidedContainer {
     pub predicted_hit_ratio: f64,
     pub target: Option<Target>,
     pub target_met: Option<bool>,
+    /// How it stands against its target as measured (`missed`: below it for the loop's
+    /// `report_after` intervals in a row).
+    pub state: TargetState,
+    pub missed_intervals: u32,
 }
 
 /// One decision of one VM's provisioner.
@@ -103,7 +111,11 @@ pub struct Decision {
     pub vm: String,
     pub feasible: bool,
     pub infeasible: Vec<String>,
+    /// Containers whose target was measured missed for the loop's `report_after` intervals in a row.
+    pub missed: Vec<String>,
     pub kept_current: bool,
+    /// Where the plan came from (`learning`: nothing was changed).
+    pub source: Source,
     pub containers: Vec<DecidedContainer>,
 }
 
@@ -184,8 +196,9 @@ impl<B: SecondChance> Sim<B> {
         let max = budget.memory_pages + budget.mem_cache_pages + budget.ssd_cache_pages;
         let sizes = Curve::even_sizes(max.max(1), CURVE_POINTS);
         let mut inputs = Vec::with_capacity(members.len());
-        let mut current = Vec::with_capacity(members.len());
+        let mut in_force = Vec::with_capacity(members.len());
         let mut measured = Vec::with_capacity(members.len());
+        let mut loop_measured = Vec::with_capacity(members.len());
         let mut shown = Vec::with_capacity(members.len());
         for &c in &members {
             let (ops, lat_ns) = (self.cts[c].tot.ops, self.cts[c].tot.lat_ns);
@@ -248,9 +261,25 @@ impl<B: SecondChance> Sim<B> {
                     ns_per_op: d.lat_ns as f64 / n,
                 }),
             });
-            current.push(st.current.get(&c).copied());
+            in_force.push(Allocation {
+                // Without a limit of its own (the VM's memory), what it holds is its share.
+                memory_pages: if cg.hard < g.limit { cg.hard } else { cg.usage },
+                mem_cache_pages: pc.mem.used,
+                ssd_cache_pages: pc.ssd.used,
+            });
             let span_s = if now.ops > prev.ops { st.cfg.interval_s } else { self.now as f64 / NS };
-            measured.push(d.ops as f64 / span_s.max(1e-9));
+            let ops_s = d.ops as f64 / span_s.max(1e-9);
+            measured.push(ops_s);
+            // Nothing ran since the last decision: no measurement (the loop waits for one).
+            loop_measured.push((d.ops > 0).then(|| Measured {
+                ops_s,
+                latency_ms: d.lat_ns as f64 / n / 1e6,
+                hit_ratio: if sc.file_reads > 0 {
+                    1.0 - sc.file_disk_pages.min(sc.file_reads) as f64 / sc.file_reads as f64
+                } else {
+                    1.0
+                },
+            }));
         }
         // The curves have been read: what happens next counts more than what came before.
         for &c in &members {
@@ -258,13 +287,32 @@ impl<B: SecondChance> Sim<B> {
                 s.decay(st.cfg.history_decay);
             }
         }
-        let current: Option<Vec<Allocation>> = current.into_iter().collect();
-        let plan = provision(&inputs, current.as_deref(), &lat, &budget, &st.cfg.decision)
+        let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
+        st.ctl.in_force(&names, &in_force);
+        let decision = st
+            .ctl
+            .decide(&inputs, &loop_measured, &lat, &budget, &st.cfg.decision)
             .map_err(|e| LabError::invalid("vms.provision", e.to_string()))?;
         let t_s = self.now as f64 / NS;
+        let missed = decision.missed();
+        let Some(plan) = decision.plan else {
+            // Learning: the first decision waits for every container to have run.
+            self.decisions.push(Decision {
+                t_s,
+                vm: self.vm_names[v].clone(),
+                feasible: false,
+                infeasible: Vec::new(),
+                missed,
+                kept_current: true,
+                source: decision.source,
+                containers: Vec::new(),
+            });
+            return Ok(());
+        };
         let mut decided = Vec::with_capacity(members.len());
-        let each = inputs.into_iter().zip(measured).zip(shown);
-        for ((&c, p), ((input, x), (has_file, _))) in members.iter().zip(&plan.containers).zip(each) {
+        let each = inputs.into_iter().zip(measured).zip(shown).zip(&decision.containers);
+        for ((&c, p), (((input, x), (has_file, _)), status)) in members.iter().zip(&plan.containers).zip(each)
+        {
             if st.cfg.memory {
                 let (cg, pages) = (self.cts[c].cg, p.allocation.memory_pages.max(1));
                 let mut buf = std::mem::take(&mut self.evbuf);
@@ -283,7 +331,6 @@ impl<B: SecondChance> Sim<B> {
                     self.backend.set_spec(vmid, pool, spec)?;
                 }
             }
-            st.current.insert(c, p.allocation);
             self.curves.retain(|s| s.container != p.name);
             self.curves.push(CurveSnapshot {
                 container: p.name.clone(),
@@ -306,6 +353,8 @@ impl<B: SecondChance> Sim<B> {
                 predicted_hit_ratio: (p.predicted.hit_ratio * 1e4).round() / 1e4,
                 target: p.target,
                 target_met: p.target_met,
+                state: status.state,
+                missed_intervals: status.missed_intervals,
             });
         }
         self.decisions.push(Decision {
@@ -313,7 +362,9 @@ impl<B: SecondChance> Sim<B> {
             vm: self.vm_names[v].clone(),
             feasible: plan.feasible,
             infeasible: plan.infeasible,
+            missed,
             kept_current: plan.kept_current,
+            source: decision.source,
             containers: decided,
         });
         Ok(())

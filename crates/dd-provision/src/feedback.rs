@@ -1,0 +1,811 @@
+//! The closed loop around the model (issue 27): what each interval measured corrects what the next
+//! decision predicts, a measured allocation is never given up for a worse prediction, and a target the
+//! containers keep missing is reported, never hidden behind a prediction that says it is met.
+//!
+//! [`Controller`] keeps, per container, what it measured at every allocation it ran with (an average per
+//! allocation, newest weighted by `smoothing`) and a correction of the model (the geometric mean of
+//! measured over predicted throughput at the allocations it ran). A decision ([`Controller::decide`]):
+//!
+//! 1. records the last interval's measurement under the allocation applied last;
+//! 2. predicts every allocation the programme considers through [`Controller`]'s adjustment: an
+//!    allocation measured before predicts what was measured; any other predicts the model's throughput
+//!    times the correction, never above what an allocation at least as large in every resource measured
+//!    (performance does not fall with more memory), never below what one at most as large measured, and
+//!    never above the container's ceiling (its threads with every page in memory, its client's rate);
+//! 3. anchors the programme at the best joint allocation measured (most targets met, then the highest
+//!    objective; the current one while it is within the noise of the best) and lets it move each
+//!    container at most `max_step_units` of each resource from there (Cliffhanger's bounded climbing on
+//!    measured gradients, with the model choosing the direction);
+//! 4. changes the plan only when the programme's plan is predicted to meet more targets than the
+//!    anchor measured, or as many and an objective higher by more than `min_gain` (so two plans within
+//!    the noise never alternate); otherwise it goes back to, or stays on, the anchor. Plans that measure
+//!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
+//!    loop rests on the anchor for `rest_intervals`.
+//!
+//! Reports ([`ContainerStatus`]): a target measured below for `report_after` intervals in a row is
+//! `missed`, with what was predicted and measured; `infeasible` means no allocation measured met it and
+//! none the model predicts does (the report carries the best of each). Containers not yet measured are
+//! `learning`: while any is, nothing changes (the first decision of a run waits for data instead of
+//! planning from empty curves).
+//!
+//! Invariants: deterministic (no clock, no randomness; the same inputs and measurements give the same
+//! decisions); memory bounded by `max_points` measured allocations per container and as many joint ones;
+//! a container that leaves forgets nothing the others need (histories are by name).
+
+use crate::error::ProvisionError;
+use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
+use crate::plan::{solve, Allocation, Budget, Objective, Plan, ProvisionConfig, Steer};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+fn d_smoothing() -> f64 {
+    0.5
+}
+fn d_min_gain() -> f64 {
+    0.05
+}
+fn d_max_step() -> u32 {
+    8
+}
+fn d_report_after() -> u32 {
+    2
+}
+fn d_max_correction() -> f64 {
+    10.0
+}
+fn d_failed() -> u32 {
+    3
+}
+fn d_rest() -> u32 {
+    6
+}
+fn d_points() -> u32 {
+    64
+}
+fn d_min_memory_units() -> u32 {
+    1
+}
+fn d_explore_units() -> u32 {
+    2
+}
+fn d_max_age() -> u32 {
+    20
+}
+
+/// Settings of the closed loop (`[decision.feedback]`; plain data, documented defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackConfig {
+    /// Weight of the newest interval in a measured allocation's average. Default 0.5.
+    #[serde(default = "d_smoothing")]
+    pub smoothing: f64,
+    /// Relative gain in the objective a new plan must be predicted to bring over the anchor's
+    /// measurement (measurement noise is below it). Default 0.05.
+    #[serde(default = "d_min_gain")]
+    pub min_gain: f64,
+    /// Units (of the plan's `steps`) a decision may move a container in each resource. Default 8.
+    #[serde(default = "d_max_step")]
+    pub max_step_units: u32,
+    /// Intervals in a row a target is measured missed before it is reported. Default 2.
+    #[serde(default = "d_report_after")]
+    pub report_after: u32,
+    /// The model's correction stays within `[1/max_correction, max_correction]`. Default 10.
+    #[serde(default = "d_max_correction")]
+    pub max_correction: f64,
+    /// Plans measured worse than the anchor, in a row, before the loop rests on it. Default 3.
+    #[serde(default = "d_failed")]
+    pub max_failed_explorations: u32,
+    /// Decisions the loop then keeps the anchor without exploring. Default 6.
+    #[serde(default = "d_rest")]
+    pub rest_intervals: u32,
+    /// Measured allocations kept per container, and joint ones (the oldest go first). Default 64.
+    #[serde(default = "d_points")]
+    pub max_points: u32,
+    /// Memory every container keeps, in units of the plan's `steps` (a container left one page
+    /// thrashes). Default 1.
+    #[serde(default = "d_min_memory_units")]
+    pub min_memory_units: u32,
+    /// Units of one resource an exploration moves between two containers. Default 2.
+    #[serde(default = "d_explore_units")]
+    pub explore_units: u32,
+    /// Decisions after which a measured allocation not measured again is forgotten: what a container
+    /// did long ago says little once its working set has moved (phases). Default 20.
+    #[serde(default = "d_max_age")]
+    pub max_age_intervals: u32,
+}
+
+impl Default for FeedbackConfig {
+    fn default() -> Self {
+        FeedbackConfig {
+            smoothing: d_smoothing(),
+            min_gain: d_min_gain(),
+            max_step_units: d_max_step(),
+            report_after: d_report_after(),
+            max_correction: d_max_correction(),
+            max_failed_explorations: d_failed(),
+            rest_intervals: d_rest(),
+            max_points: d_points(),
+            min_memory_units: d_min_memory_units(),
+            explore_units: d_explore_units(),
+            max_age_intervals: d_max_age(),
+        }
+    }
+}
+
+impl FeedbackConfig {
+    pub fn validate(&self) -> Result<(), ProvisionError> {
+        let bad = |f: &str, why: &str| Err(ProvisionError::invalid(&format!("feedback.{f}"), why));
+        if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
+            return bad("smoothing", "must be in (0, 1]");
+        }
+        if !(self.min_gain.is_finite() && (0.0..1.0).contains(&self.min_gain)) {
+            return bad("min_gain", "must be in [0, 1)");
+        }
+        if self.max_step_units == 0 {
+            return bad("max_step_units", "must be at least 1");
+        }
+        if self.report_after == 0 {
+            return bad("report_after", "must be at least 1");
+        }
+        if !(self.max_correction.is_finite() && self.max_correction >= 1.0) {
+            return bad("max_correction", "must be at least 1");
+        }
+        if self.max_failed_explorations == 0 {
+            return bad("max_failed_explorations", "must be at least 1");
+        }
+        if self.max_age_intervals == 0 {
+            return bad("max_age_intervals", "must be at least 1");
+        }
+        if self.explore_units == 0 {
+            return bad("explore_units", "must be at least 1");
+        }
+        if !(1..=4096).contains(&self.max_points) {
+            return bad("max_points", "must be in 1..=4096");
+        }
+        Ok(())
+    }
+}
+
+/// What a container did over the last interval, under the allocation applied last.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measured {
+    pub ops_s: f64,
+    pub latency_ms: f64,
+    /// Fraction of file reads served from memory or the cache.
+    pub hit_ratio: f64,
+}
+
+impl Measured {
+    fn meets(&self, t: &Target) -> bool {
+        t.met_by_measured(self.ops_s, self.latency_ms, self.hit_ratio)
+    }
+}
+
+/// Where a decision's plan came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// A container has no measurement yet: nothing changes (no plan on the first decision).
+    Learning,
+    /// The programme's plan, predicted better than every allocation measured.
+    Model,
+    /// Back to the best allocation measured, which the current one does worse than.
+    BestMeasured,
+    /// The current allocation, as good as anything predicted within the noise.
+    Kept,
+    /// A step from the best allocation measured to one not measured yet, which the measurements say
+    /// could beat it (see [`Controller`]'s module doc).
+    Explore,
+}
+
+/// How a container stands against its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetState {
+    /// No target.
+    None,
+    /// Not measured yet.
+    Learning,
+    /// Met in the last interval measured.
+    Met,
+    /// Measured below its target in the last interval, for fewer than `report_after` in a row (not
+    /// reported yet: one interval's dip after a change is not a miss).
+    Below,
+    /// Measured below its target for `missed_intervals` in a row.
+    Missed,
+    /// No allocation measured met it and no allocation the model predicts does.
+    Infeasible,
+}
+
+/// One container in a [`Decision`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    pub name: String,
+    pub state: TargetState,
+    /// Intervals in a row its measurement missed the target.
+    pub missed_intervals: u32,
+    /// The last interval.
+    pub measured_ops_s: Option<f64>,
+    /// What the plan is expected to give.
+    pub predicted_ops_s: Option<f64>,
+    /// The best it measured at any allocation, and the most any allocation is predicted to give it.
+    pub best_measured_ops_s: Option<f64>,
+    pub best_predicted_ops_s: Option<f64>,
+    /// Measured over predicted throughput at the allocations it ran (1: the model was right).
+    pub correction: f64,
+}
+
+/// A decision of the closed loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// What to apply; `None` while the first decision waits for measurements.
+    pub plan: Option<Plan>,
+    pub source: Source,
+    pub containers: Vec<ContainerStatus>,
+}
+
+impl Decision {
+    /// Containers whose target is reported missed.
+    pub fn missed(&self) -> Vec<String> {
+        self.containers.iter().filter(|c| c.state == TargetState::Missed).map(|c| c.name.clone()).collect()
+    }
+}
+
+/// A measured allocation of one container.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    alloc: Allocation,
+    m: Measured,
+    /// Decision that last measured it (the oldest go first).
+    seen: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct History {
+    points: Vec<Point>,
+    /// ln(measured / model) averaged over the intervals measured.
+    log_correction: f64,
+    missed_for: u32,
+    last: Option<Measured>,
+}
+
+/// One container's share of the plan applied last.
+#[derive(Debug, Clone)]
+struct Applied {
+    names: Vec<String>,
+    alloc: Vec<Allocation>,
+    /// Whether it was an exploration (a plan not measured before).
+    explore: bool,
+    /// Measured score of the anchor it left (for judging the exploration).
+    anchor_score: Option<(u32, f64)>,
+}
+
+/// The closed-loop provisioner of one VM (see the module doc).
+#[derive(Debug, Clone, Default)]
+pub struct Controller {
+    cts: BTreeMap<String, History>,
+    /// Joint allocations measured, by container names (in input order), newest last.
+    tried: Vec<(Vec<String>, Vec<Allocation>, u64)>,
+    applied: Option<Applied>,
+    failed: u32,
+    rest_until: u64,
+    round: u64,
+}
+
+/// Two allocations are the same point when every resource is within `tol` pages.
+fn near(a: &Allocation, b: &Allocation, tol: [f64; 3]) -> bool {
+    let d = |x: u64, y: u64| (x as f64 - y as f64).abs();
+    d(a.memory_pages, b.memory_pages) <= tol[0]
+        && d(a.mem_cache_pages, b.mem_cache_pages) <= tol[1]
+        && d(a.ssd_cache_pages, b.ssd_cache_pages) <= tol[2]
+}
+
+/// Every resource of `a` is at least `b`'s, within `tol`.
+fn covers(a: &Allocation, b: &Allocation, tol: [f64; 3]) -> bool {
+    a.memory_pages as f64 + tol[0] >= b.memory_pages as f64
+        && a.mem_cache_pages as f64 + tol[1] >= b.mem_cache_pages as f64
+        && a.ssd_cache_pages as f64 + tol[2] >= b.ssd_cache_pages as f64
+}
+
+fn alloc_of(pages: [f64; 3]) -> Allocation {
+    Allocation {
+        memory_pages: pages[0].max(0.0) as u64,
+        mem_cache_pages: pages[1].max(0.0) as u64,
+        ssd_cache_pages: pages[2].max(0.0) as u64,
+    }
+}
+
+impl Controller {
+    pub fn new() -> Controller {
+        Controller::default()
+    }
+
+    /// The plan returned last was not applied (a dry run): the next measurement is not of it.
+    pub fn not_applied(&mut self) {
+        self.applied = None;
+    }
+
+    /// What the containers run with now when no plan of this controller is in force (before its first
+    /// decision, or after [`Controller::not_applied`]): the next measurement is recorded as this
+    /// allocation's, so the allocation a run started with is one the loop can come back to.
+    pub fn in_force(&mut self, names: &[String], alloc: &[Allocation]) {
+        if self.applied.is_none() && names.len() == alloc.len() {
+            self.applied = Some(Applied {
+                names: names.to_vec(),
+                alloc: alloc.to_vec(),
+                explore: false,
+                anchor_score: None,
+            });
+        }
+    }
+
+    /// Decides the next plan from the containers' inputs and what each measured over the last interval
+    /// (`None`: not measured yet). The returned plan is taken as applied (see [`Controller::not_applied`]).
+    pub fn decide(
+        &mut self,
+        inputs: &[ContainerInput],
+        measured: &[Option<Measured>],
+        lat: &LatencyModel,
+        budget: &Budget,
+        cfg: &ProvisionConfig,
+    ) -> Result<Decision, ProvisionError> {
+        cfg.validate()?;
+        if measured.len() != inputs.len() {
+            return Err(ProvisionError::invalid("measured", "one measurement (or none) per container"));
+        }
+        let fb = cfg.feedback;
+        self.round += 1;
+        let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
+        // Half a unit of each resource: allocations closer than that are one point.
+        let k = cfg.steps as f64;
+        let tol = [
+            (budget.memory_pages as f64 / k / 2.0).max(1.0),
+            (budget.mem_cache_pages as f64 / k / 2.0).max(1.0),
+            (budget.ssd_cache_pages as f64 / k / 2.0).max(1.0),
+        ];
+        // Every container keeps a unit of memory (and its own floor).
+        let unit_pages = (budget.memory_pages / cfg.steps.max(1) as u64) * fb.min_memory_units as u64;
+        let floors_fit = unit_pages * inputs.len() as u64 <= budget.memory_pages;
+        let inputs: Vec<ContainerInput> = inputs
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if floors_fit {
+                    c.min_memory_pages = c.min_memory_pages.max(unit_pages);
+                }
+                c
+            })
+            .collect();
+        let models: Vec<Model<'_>> = inputs.iter().map(|c| Model::new(c, lat)).collect();
+        let step = (budget.memory_pages as f64 / k).max(1.0);
+        let model_at = |i: usize, a: &Allocation| {
+            models[i].predict(
+                a.memory_pages as f64,
+                a.mem_cache_pages as f64,
+                a.ssd_cache_pages as f64,
+                step,
+                cfg.min_file_share,
+            )
+        };
+
+        // 1. What the last interval measured, under the allocation applied last.
+        let applied = self.applied.take();
+        let mut last_alloc: Vec<Option<Allocation>> = vec![None; inputs.len()];
+        if let Some(ap) = &applied {
+            for (i, n) in names.iter().enumerate() {
+                if let Some(j) = ap.names.iter().position(|x| x == n) {
+                    last_alloc[i] = Some(ap.alloc[j]);
+                }
+            }
+        }
+        for (i, c) in inputs.iter().enumerate() {
+            let h = self.cts.entry(c.name.clone()).or_default();
+            h.last = measured[i];
+            let Some(m) = measured[i] else { continue };
+            h.missed_for = match &c.target {
+                Some(t) if !m.meets(t) => h.missed_for + 1,
+                _ => 0,
+            };
+            let Some(a) = last_alloc[i] else { continue };
+            match h.points.iter_mut().find(|p| near(&p.alloc, &a, tol)) {
+                Some(p) => {
+                    let s = fb.smoothing;
+                    p.m.ops_s = s * m.ops_s + (1.0 - s) * p.m.ops_s;
+                    p.m.latency_ms = s * m.latency_ms + (1.0 - s) * p.m.latency_ms;
+                    p.m.hit_ratio = s * m.hit_ratio + (1.0 - s) * p.m.hit_ratio;
+                    p.alloc = a;
+                    p.seen = self.round;
+                }
+                None => {
+                    h.points.push(Point { alloc: a, m, seen: self.round });
+                    if h.points.len() > fb.max_points as usize {
+                        let oldest = (0..h.points.len()).min_by_key(|&j| h.points[j].seen).unwrap_or(0);
+                        h.points.swap_remove(oldest);
+                    }
+                }
+            }
+            let model = model_at(i, &a).ops_s;
+            if model > 0.0 && m.ops_s > 0.0 {
+                let lim = fb.max_correction.ln();
+                let r = (m.ops_s / model).ln().clamp(-lim, lim);
+                h.log_correction = fb.smoothing * r + (1.0 - fb.smoothing) * h.log_correction;
+            }
+        }
+        // The joint allocation measured: refreshed if known, remembered if not.
+        if let Some(ap) = applied.as_ref().filter(|ap| ap.names == names) {
+            let same = |t: &(Vec<String>, Vec<Allocation>, u64)| {
+                t.0 == names && t.1.iter().zip(&ap.alloc).all(|(x, y)| near(x, y, tol))
+            };
+            match self.tried.iter().position(same) {
+                Some(j) => self.tried[j].2 = self.round,
+                None => {
+                    self.tried.push((names.clone(), ap.alloc.clone(), self.round));
+                    if self.tried.len() > fb.max_points as usize {
+                        self.tried.remove(0);
+                    }
+                }
+            }
+        }
+
+        // Forget what was not measured again for `max_age_intervals` decisions.
+        let oldest = self.round.saturating_sub(fb.max_age_intervals as u64);
+        for h in self.cts.values_mut() {
+            h.points.retain(|p| p.seen >= oldest);
+        }
+        self.tried.retain(|t| t.2 >= oldest);
+
+        // 2. Predictions corrected by what was measured.
+        let ceilings: Vec<f64> = (0..inputs.len())
+            .map(|i| {
+                let h = &self.cts[&names[i]];
+                let best = h.points.iter().map(|p| p.m.ops_s).fold(0.0, f64::max);
+                models[i].ceiling_ops_s().max(best)
+            })
+            .collect();
+        let hist: Vec<&History> = names.iter().map(|n| &self.cts[n]).collect();
+        let gain = fb.min_gain;
+        let adjust = |i: usize, pages: [f64; 3], p: Prediction| -> Prediction {
+            let h = hist[i];
+            let a = alloc_of(pages);
+            let conc = inputs[i].demand.concurrency;
+            let with_ops = |ops: f64, hit: f64| Prediction {
+                ops_s: ops,
+                ns_per_op: if ops > 0.0 { conc * 1e9 / ops } else { f64::INFINITY },
+                hit_ratio: hit,
+                ..p
+            };
+            if let Some(pt) = h.points.iter().find(|pt| near(&pt.alloc, &a, tol)) {
+                return with_ops(pt.m.ops_s, pt.m.hit_ratio);
+            }
+            let mut ops = p.ops_s * h.log_correction.exp();
+            let mut hit = p.hit_ratio;
+            for pt in &h.points {
+                if covers(&pt.alloc, &a, tol) {
+                    ops = ops.min(pt.m.ops_s * (1.0 + gain));
+                    hit = hit.min(pt.m.hit_ratio);
+                }
+            }
+            for pt in &h.points {
+                if covers(&a, &pt.alloc, tol) {
+                    ops = ops.max(pt.m.ops_s * (1.0 - gain));
+                    hit = hit.max(pt.m.hit_ratio);
+                }
+            }
+            with_ops(ops.min(ceilings[i]), hit)
+        };
+
+        // Scores as the closed loop compares them: targets met, then the objective.
+        let objective = |i: usize, p: &Prediction| match cfg.objective {
+            Objective::Throughput => p.ops_s,
+            Objective::Hits => p.ops_s * inputs[i].demand.file_reads_per_op * p.hit_ratio,
+        };
+        let score_of = |preds: &[Prediction]| -> (u32, f64) {
+            preds.iter().enumerate().fold((0, 0.0), |(met, obj), (i, p)| {
+                let ok = inputs[i].target.is_some_and(|t| t.met_by(p, 0.0));
+                (met + ok as u32, obj + objective(i, p))
+            })
+        };
+        let better = |a: (u32, f64), b: (u32, f64), margin: f64| {
+            a.0 > b.0 || (a.0 == b.0 && a.1 > b.1 * (1.0 + margin))
+        };
+        let plan_at = |alloc: &[Allocation], steer: &Steer<'_>| {
+            solve(&inputs, None, lat, budget, cfg, Some(steer), Some(alloc))
+        };
+        let fixed_steer = Steer { adjust: &adjust, anchor: None, max_step_units: 0 };
+
+        // Judge the last exploration against the anchor it left.
+        let current: Option<Vec<Allocation>> = last_alloc.iter().copied().collect();
+        let current_score =
+            current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?.map(|p| score_of(&preds(&p)));
+        if let (Some(ap), Some(now)) = (&applied, current_score) {
+            if ap.explore {
+                match ap.anchor_score {
+                    Some(anchor) if better(anchor, now, 0.0) => {
+                        self.failed += 1;
+                        if self.failed >= fb.max_failed_explorations {
+                            self.rest_until = self.round + fb.rest_intervals as u64;
+                            self.failed = 0;
+                        }
+                    }
+                    _ => self.failed = 0,
+                }
+            }
+        }
+
+        // Learning: nothing changes until every container has been measured.
+        if measured.iter().any(Option::is_none) {
+            let plan = current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?;
+            let statuses = self.statuses(&inputs, measured, plan.as_ref(), None, &ceilings, fb.report_after);
+            if let (Some(c), Some(ap)) = (current, applied) {
+                self.applied = Some(Applied { alloc: c, explore: false, anchor_score: None, ..ap });
+            }
+            return Ok(Decision { plan, source: Source::Learning, containers: statuses });
+        }
+
+        // 3. The anchor: the best joint allocation measured (the current one if within the noise).
+        let mut anchor: Option<(Vec<Allocation>, (u32, f64))> = current.clone().zip(current_score);
+        for (tn, ta, _) in &self.tried {
+            if *tn != names {
+                continue;
+            }
+            let s = score_of(&preds(&plan_at(ta, &fixed_steer)?));
+            if anchor.as_ref().is_none_or(|(_, best)| better(s, *best, gain)) {
+                anchor = Some((ta.clone(), s));
+            }
+        }
+
+        // 4. The programme from the anchor, and the choice.
+        let resting = self.round < self.rest_until;
+        let steer = Steer {
+            adjust: &adjust,
+            anchor: anchor.as_ref().map(|a| a.0.as_slice()),
+            max_step_units: fb.max_step_units as usize,
+        };
+        let proposed = if resting && anchor.is_some() {
+            None
+        } else {
+            let p = match solve(&inputs, None, lat, budget, cfg, Some(&steer), None) {
+                Ok(p) => p,
+                // The anchor's floors may not fit a changed budget: plan from scratch.
+                Err(_) => solve(&inputs, None, lat, budget, cfg, Some(&fixed_steer), None)?,
+            };
+            Some(p)
+        };
+        let settle = |a: &Vec<Allocation>| -> Result<(Plan, Source, bool), ProvisionError> {
+            if !resting {
+                if let Some(n) =
+                    self.neighbour(&inputs, a, &anchor_score(&anchor), budget, cfg, tol, &ceilings, &hist)
+                {
+                    return Ok((plan_at(&fill(&n, budget), &fixed_steer)?, Source::Explore, true));
+                }
+            }
+            let is_current = current.as_ref().is_some_and(|c| c == a);
+            Ok((
+                plan_at(&fill(a, budget), &fixed_steer)?,
+                if is_current { Source::Kept } else { Source::BestMeasured },
+                false,
+            ))
+        };
+        let (plan, source, explore) = match (proposed, &anchor) {
+            (Some(p), None) => (p, Source::Model, true),
+            (Some(p), Some((a, s))) => {
+                let ps = score_of(&preds(&p));
+                let same = p.containers.iter().zip(a).all(|(c, x)| near(&c.allocation, x, tol));
+                if !same && better(ps, *s, gain) {
+                    (p, Source::Model, true)
+                } else {
+                    settle(a)?
+                }
+            }
+            (None, Some((a, _))) => settle(a)?,
+            (None, None) => unreachable!("resting needs an anchor"),
+        };
+        let explore = explore
+            && !self.tried.iter().any(|t| {
+                t.0 == names && t.1.iter().zip(&plan.containers).all(|(x, c)| near(x, &c.allocation, tol))
+            });
+        let best_pred = self.best_predicted(&inputs, budget, cfg, lat, &adjust)?;
+        let statuses =
+            self.statuses(&inputs, measured, Some(&plan), Some(&best_pred), &ceilings, fb.report_after);
+        let mut plan = plan;
+        plan.kept_current = source == Source::Kept;
+        plan.infeasible =
+            statuses.iter().filter(|s| s.state == TargetState::Infeasible).map(|s| s.name.clone()).collect();
+        plan.feasible = statuses.iter().all(|s| matches!(s.state, TargetState::None | TargetState::Met));
+        self.applied = Some(Applied {
+            names,
+            alloc: plan.containers.iter().map(|c| c.allocation).collect(),
+            explore,
+            anchor_score: anchor.map(|a| a.1),
+        });
+        Ok(Decision { plan: Some(plan), source, containers: statuses })
+    }
+
+    /// An allocation next to the anchor that has not been measured and could still beat it: `explore_units`
+    /// of one resource moved from one container to another (Cliffhanger's step on a measured gradient,
+    /// for when the model's own plan is no better: its curves may be wrong where it has not measured).
+    /// Receivers come in order of need (a missed target first, then the least of its ceiling reached),
+    /// donors the other way; a move is skipped when even the most the measurements allow (each
+    /// container's ceiling, and at most what a larger allocation of it measured) cannot beat the anchor.
+    #[allow(clippy::too_many_arguments)]
+    fn neighbour(
+        &self,
+        inputs: &[ContainerInput],
+        anchor: &[Allocation],
+        anchor_score: &Option<(u32, f64)>,
+        budget: &Budget,
+        cfg: &ProvisionConfig,
+        tol: [f64; 3],
+        ceilings: &[f64],
+        hist: &[&History],
+    ) -> Option<Vec<Allocation>> {
+        let n = inputs.len();
+        let fb = cfg.feedback;
+        let (anchor_met, anchor_obj) = (*anchor_score)?;
+        let names: Vec<&String> = inputs.iter().map(|c| &c.name).collect();
+        let tried = |cand: &[Allocation]| {
+            self.tried.iter().any(|t| {
+                t.0.len() == n
+                    && t.0.iter().zip(&names).all(|(x, y)| x == *y)
+                    && t.1.iter().zip(cand).all(|(x, y)| near(x, y, tol))
+            })
+        };
+        let need = |i: usize| {
+            let m = hist[i].last.map_or(0.0, |m| m.ops_s);
+            let missing = inputs[i].target.is_some_and(|t| hist[i].last.is_some_and(|m| !m.meets(&t)));
+            (!missing, m / ceilings[i].max(1e-9))
+        };
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| need(a).partial_cmp(&need(b)).unwrap_or(std::cmp::Ordering::Equal));
+        let totals = [budget.memory_pages, budget.mem_cache_pages, budget.ssd_cache_pages];
+        let get = |a: &Allocation, d: usize| [a.memory_pages, a.mem_cache_pages, a.ssd_cache_pages][d];
+        let set = |a: &mut Allocation, d: usize, v: u64| match d {
+            0 => a.memory_pages = v,
+            1 => a.mem_cache_pages = v,
+            _ => a.ssd_cache_pages = v,
+        };
+        let optimistic = |i: usize, a: &Allocation| {
+            let cap = hist[i]
+                .points
+                .iter()
+                .filter(|p| covers(&p.alloc, a, tol))
+                .map(|p| p.m.ops_s * (1.0 + fb.min_gain))
+                .fold(ceilings[i], f64::min);
+            let met = inputs[i].target.is_none_or(|t| match t {
+                Target::Throughput { ops_s } => cap >= ops_s,
+                _ => true,
+            });
+            (inputs[i].target.is_some() && met, cap)
+        };
+        for (d, &total) in totals.iter().enumerate() {
+            let step = (total as f64 / cfg.steps as f64 * fb.explore_units as f64).round() as u64;
+            if step == 0 {
+                continue;
+            }
+            for &to in &order {
+                for &from in order.iter().rev() {
+                    let floor = if d == 0 { inputs[from].min_memory_pages } else { 0 };
+                    if from == to || get(&anchor[from], d) < floor + step {
+                        continue;
+                    }
+                    let mut cand = anchor.to_vec();
+                    let (f, t) = (get(&cand[from], d), get(&cand[to], d));
+                    set(&mut cand[from], d, f - step);
+                    set(&mut cand[to], d, t + step);
+                    if tried(&cand) {
+                        continue;
+                    }
+                    let (met, obj) = (0..n).fold((0u32, 0.0), |(m, o), i| {
+                        let (ok, ops) = optimistic(i, &cand[i]);
+                        (m + ok as u32, o + ops)
+                    });
+                    if met > anchor_met || (met == anchor_met && obj > anchor_obj * (1.0 + fb.min_gain)) {
+                        return Some(cand);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The most each container is predicted to reach when the VM's whole budget is its own (within the
+    /// grid), corrected as every other prediction: what "none predicted meets it" compares with.
+    fn best_predicted(
+        &self,
+        inputs: &[ContainerInput],
+        budget: &Budget,
+        cfg: &ProvisionConfig,
+        lat: &LatencyModel,
+        adjust: &dyn Fn(usize, [f64; 3], Prediction) -> Prediction,
+    ) -> Result<Vec<f64>, ProvisionError> {
+        let all = [budget.memory_pages as f64, budget.mem_cache_pages as f64, budget.ssd_cache_pages as f64];
+        let step = (all[0] / cfg.steps as f64).max(1.0);
+        Ok(inputs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let m = Model::new(c, lat);
+                adjust(i, all, m.predict(all[0], all[1], all[2], step, cfg.min_file_share)).ops_s
+            })
+            .collect())
+    }
+
+    fn statuses(
+        &self,
+        inputs: &[ContainerInput],
+        measured: &[Option<Measured>],
+        plan: Option<&Plan>,
+        best_predicted: Option<&[f64]>,
+        ceilings: &[f64],
+        report_after: u32,
+    ) -> Vec<ContainerStatus> {
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let h = &self.cts[&c.name];
+                let predicted = plan.map(|p| p.containers[i].predicted);
+                let best_measured = h.points.iter().map(|p| p.m.ops_s).reduce(f64::max);
+                let best_pred = best_predicted.map(|b| b[i].min(ceilings[i]));
+                let state = match (&c.target, measured[i]) {
+                    (None, _) => TargetState::None,
+                    (Some(_), None) => TargetState::Learning,
+                    (Some(t), Some(m)) => {
+                        let ever_met = m.meets(t) || h.points.iter().any(|p| p.m.meets(t));
+                        // Whether the most the model gives it (the whole budget) meets the target.
+                        let could = best_pred.is_none_or(|b| {
+                            let conc = c.demand.concurrency;
+                            let ns_per_op = if b > 0.0 { conc * 1e9 / b } else { f64::INFINITY };
+                            let p =
+                                Prediction { ops_s: b, ns_per_op, hit_ratio: 1.0, ..Prediction::default() };
+                            t.met_by(&p, 0.0)
+                        });
+                        if h.missed_for == 0 {
+                            TargetState::Met
+                        } else if !ever_met && !could {
+                            TargetState::Infeasible
+                        } else if h.missed_for >= report_after {
+                            TargetState::Missed
+                        } else {
+                            TargetState::Below
+                        }
+                    }
+                };
+                ContainerStatus {
+                    name: c.name.clone(),
+                    state,
+                    missed_intervals: h.missed_for,
+                    measured_ops_s: h.last.map(|m| m.ops_s),
+                    predicted_ops_s: predicted.map(|p| p.ops_s),
+                    best_measured_ops_s: best_measured,
+                    best_predicted_ops_s: best_pred,
+                    correction: h.log_correction.exp(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// `alloc` with the memory it leaves unallocated shared evenly (an allocation measured while the
+/// containers had no limits of their own, their usage, does not add up to the VM's memory).
+fn fill(alloc: &[Allocation], budget: &Budget) -> Vec<Allocation> {
+    let mut out = alloc.to_vec();
+    let n = out.len() as u64;
+    let used: u64 = out.iter().map(|a| a.memory_pages).sum();
+    if n > 0 && used < budget.memory_pages {
+        let spare = budget.memory_pages - used;
+        for (i, a) in out.iter_mut().enumerate() {
+            a.memory_pages += spare / n + ((i as u64) < spare % n) as u64;
+        }
+    }
+    out
+}
+
+fn anchor_score(anchor: &Option<(Vec<Allocation>, (u32, f64))>) -> Option<(u32, f64)> {
+    anchor.as_ref().map(|a| a.1)
+}
+
+fn preds(p: &Plan) -> Vec<Prediction> {
+    p.containers.iter().map(|c| c.predicted).collect()
+}
