@@ -195,7 +195,9 @@ fn parsed_place(place: &str) -> Value {
     const CT: &str = "workload = { kind = \"webserver\" }";
     let text = match place {
         "memctl" => with(&[("memory_mib = 16", "memory_mib = 16\nmemctl = {}")]),
-        "provision" | "provision_decision" | "provision_feedback" => with(&[("memory_mib = 16", "memory_mib = 16\nprovision = {}")]),
+        "provision" | "provision_decision" | "provision_feedback" => {
+            with(&[("memory_mib = 16", "memory_mib = 16\nprovision = {}")])
+        }
         "memctl_container" => {
             with(&[("memory_mib = 16", "memory_mib = 16\nmemctl = { containers = { c = {} } }")])
         }

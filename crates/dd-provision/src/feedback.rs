@@ -536,7 +536,7 @@ impl Controller {
         // Learning: nothing changes until every container has been measured.
         if measured.iter().any(Option::is_none) {
             let plan = current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?;
-            let statuses = self.statuses(&inputs, measured, plan.as_ref(), None, &ceilings, fb.report_after);
+            let statuses = self.statuses(&inputs, measured, plan.as_ref(), None, fb.report_after);
             if let (Some(c), Some(ap)) = (current, applied) {
                 self.applied = Some(Applied { alloc: c, explore: false, anchor_score: None, ..ap });
             }
@@ -605,9 +605,9 @@ impl Controller {
             && !self.tried.iter().any(|t| {
                 t.0 == names && t.1.iter().zip(&plan.containers).all(|(x, c)| near(x, &c.allocation, tol))
             });
-        let best_pred = self.best_predicted(&inputs, budget, cfg, lat, &adjust)?;
+        let best_pred = self.best_predicted(&inputs, budget, cfg, lat, &adjust);
         let statuses =
-            self.statuses(&inputs, measured, Some(&plan), Some(&best_pred), &ceilings, fb.report_after);
+            self.statuses(&inputs, measured, Some(&plan), Some((&best_pred, budget, tol)), fb.report_after);
         let mut plan = plan;
         plan.kept_current = source == Source::Kept;
         plan.infeasible =
@@ -718,17 +718,17 @@ impl Controller {
         cfg: &ProvisionConfig,
         lat: &LatencyModel,
         adjust: &dyn Fn(usize, [f64; 3], Prediction) -> Prediction,
-    ) -> Result<Vec<f64>, ProvisionError> {
+    ) -> Vec<Prediction> {
         let all = [budget.memory_pages as f64, budget.mem_cache_pages as f64, budget.ssd_cache_pages as f64];
         let step = (all[0] / cfg.steps as f64).max(1.0);
-        Ok(inputs
+        inputs
             .iter()
             .enumerate()
             .map(|(i, c)| {
                 let m = Model::new(c, lat);
-                adjust(i, all, m.predict(all[0], all[1], all[2], step, cfg.min_file_share)).ops_s
+                adjust(i, all, m.predict(all[0], all[1], all[2], step, cfg.min_file_share))
             })
-            .collect())
+            .collect()
     }
 
     fn statuses(
@@ -736,8 +736,7 @@ impl Controller {
         inputs: &[ContainerInput],
         measured: &[Option<Measured>],
         plan: Option<&Plan>,
-        best_predicted: Option<&[f64]>,
-        ceilings: &[f64],
+        best: Option<(&[Prediction], &Budget, [f64; 3])>,
         report_after: u32,
     ) -> Vec<ContainerStatus> {
         inputs
@@ -747,24 +746,32 @@ impl Controller {
                 let h = &self.cts[&c.name];
                 let predicted = plan.map(|p| p.containers[i].predicted);
                 let best_measured = h.points.iter().map(|p| p.m.ops_s).reduce(f64::max);
-                let best_pred = best_predicted.map(|b| b[i].min(ceilings[i]));
+                let best_pred = best.map(|b| b.0[i]);
                 let state = match (&c.target, measured[i]) {
                     (None, _) => TargetState::None,
                     (Some(_), None) => TargetState::Learning,
-                    (Some(t), Some(m)) => {
-                        let ever_met = m.meets(t) || h.points.iter().any(|p| p.m.meets(t));
-                        // Whether the most the model gives it (the whole budget) meets the target.
-                        let could = best_pred.is_none_or(|b| {
-                            let conc = c.demand.concurrency;
-                            let ns_per_op = if b > 0.0 { conc * 1e9 / b } else { f64::INFINITY };
-                            let p =
-                                Prediction { ops_s: b, ns_per_op, hit_ratio: 1.0, ..Prediction::default() };
-                            t.met_by(&p, 0.0)
-                        });
-                        if h.missed_for == 0 {
-                            TargetState::Met
-                        } else if !ever_met && !could {
+                    (Some(t), Some(_)) => {
+                        // Feasible: an allocation within today's budget measured it met, or the most
+                        // the budget can give it (corrected as every prediction) is predicted to.
+                        let fits = |a: &Allocation| {
+                            best.is_none_or(|(_, b, tol)| {
+                                covers(
+                                    &Allocation {
+                                        memory_pages: b.memory_pages,
+                                        mem_cache_pages: b.mem_cache_pages,
+                                        ssd_cache_pages: b.ssd_cache_pages,
+                                    },
+                                    a,
+                                    tol,
+                                )
+                            })
+                        };
+                        let met_here = h.points.iter().any(|p| fits(&p.alloc) && p.m.meets(t));
+                        let could = best_pred.is_none_or(|p| t.met_by(&p, 0.0));
+                        if !met_here && !could {
                             TargetState::Infeasible
+                        } else if h.missed_for == 0 {
+                            TargetState::Met
                         } else if h.missed_for >= report_after {
                             TargetState::Missed
                         } else {
@@ -779,7 +786,7 @@ impl Controller {
                     measured_ops_s: h.last.map(|m| m.ops_s),
                     predicted_ops_s: predicted.map(|p| p.ops_s),
                     best_measured_ops_s: best_measured,
-                    best_predicted_ops_s: best_pred,
+                    best_predicted_ops_s: best_pred.map(|p| p.ops_s),
                     correction: h.log_correction.exp(),
                 }
             })

@@ -7,6 +7,7 @@
 //! sizes it keeps are bounded and every number is finite and in its domain, so the page that shows it
 //! never meets NaN, a negative size or a name of a megabyte.
 
+use crate::feedback::{Source, TargetState};
 use crate::model::Target;
 use dd_engine::Spec;
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,12 @@ pub struct ContainerReport {
     pub measured_target_met: Option<bool>,
     /// Distinct pages it read, as the sampled curve estimates, bytes.
     pub footprint_bytes: u64,
+    /// How it stands against its target as measured (the closed loop's report: `missed` after
+    /// `report_after` rounds below it in a row, `infeasible` when nothing measured or predicted within
+    /// the budget meets it).
+    pub state: TargetState,
+    /// Rounds in a row its measurement missed the target.
+    pub missed_intervals: u32,
 }
 
 /// What a round decided (and, unless a dry run, applied).
@@ -58,8 +65,13 @@ pub struct RoundReport {
     pub applied: bool,
     /// Every target is met by the plan (as predicted).
     pub feasible: bool,
-    /// Containers whose target no plan within the budget meets.
+    /// Containers whose target nothing within the budget meets: no allocation measured, none predicted.
     pub infeasible: Vec<String>,
+    /// Containers whose target was measured missed for the closed loop's `report_after` rounds in a row.
+    pub missed: Vec<String>,
+    /// Where the plan came from (the model, the best allocation measured, the one in force, an
+    /// exploration).
+    pub source: Source,
     /// The current allocation was kept (hysteresis).
     pub kept_current: bool,
     /// What the plan shared out, bytes: first-level memory, memory-cache and SSD-cache entitlements.
@@ -87,11 +99,17 @@ fn check_name(field: String, n: &str) -> Result<(), ReportError> {
 impl RoundReport {
     /// Bounds and domains (see the module documentation).
     pub fn validate(&self) -> Result<(), ReportError> {
-        if self.containers.len() > MAX_CONTAINERS || self.infeasible.len() > MAX_CONTAINERS {
+        if self.containers.len() > MAX_CONTAINERS
+            || self.infeasible.len() > MAX_CONTAINERS
+            || self.missed.len() > MAX_CONTAINERS
+        {
             return Err(ReportError { field: "containers".into(), reason: "at most 256 containers" });
         }
         for (i, n) in self.infeasible.iter().enumerate() {
             check_name(format!("infeasible[{i}]"), n)?;
+        }
+        for (i, n) in self.missed.iter().enumerate() {
+            check_name(format!("missed[{i}]"), n)?;
         }
         for (i, c) in self.containers.iter().enumerate() {
             let f = |n: &str| format!("containers[{i}].{n}");
@@ -149,6 +167,8 @@ mod tests {
             target_met: Some(true),
             measured_target_met: Some(false),
             footprint_bytes: 8192,
+            state: TargetState::Below,
+            missed_intervals: 1,
         }
     }
 
@@ -159,6 +179,8 @@ mod tests {
             applied: true,
             feasible: true,
             infeasible: vec![],
+            missed: vec![],
+            source: Source::Model,
             kept_current: false,
             memory_bytes: 1 << 20,
             mem_cache_bytes: 0,
@@ -180,6 +202,9 @@ mod tests {
         r.containers[0].target = Some(Target::Throughput { ops_s: 0.0 });
         assert_eq!(r.validate().unwrap_err().field, "containers[0].target");
         r.containers[0].target = None;
+        r.missed = vec!["bad\nname".into()];
+        assert_eq!(r.validate().unwrap_err().field, "missed[0]");
+        r.missed = vec![];
         r.containers = (0..257).map(|i| container(&format!("c{i}"))).collect();
         assert_eq!(r.validate().unwrap_err().field, "containers");
     }

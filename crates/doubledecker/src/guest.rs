@@ -63,7 +63,10 @@ fn provision(a: ProvisionArgs) -> Result<()> {
     let mut p = GuestProvisioner::new(cfg).context("starting the provisioner")?;
     if a.dry_run || a.once {
         let Some(r) = p.round(a.dry_run)? else {
-            anyhow::bail!("the mount has published no container yet ({})", p.config().stats_file.display());
+            anyhow::bail!(
+                "the mount has published no container, or no container's curve, yet ({})",
+                p.config().stats_file.display()
+            );
         };
         if a.dry_run {
             outln!("{}", serde_json::to_string_pretty(&r)?);

@@ -7,8 +7,11 @@
 //! (a hit ratio, or a mean read latency through the mount) is met; and applies the plan: the budgets to
 //! the mount's `budgets_file`, the pool specs to the daemon (SET_CG_WEIGHT), and, for a container that
 //! has `memory_base_bytes`, its cgroup's memory limit (base plus first-level budget: the mount's cache is
-//! the container's page cache). A target no plan meets is reported as infeasible in the round's report,
-//! never silently missed.
+//! the container's page cache). The decision is the closed loop's (`dd_provision::Controller`): each
+//! round's measurement corrects the next round's predictions, a measured allocation is not given up for
+//! a worse prediction, and a target measured missed for `report_after` rounds is reported as missed (one
+//! nothing within the budget meets, as infeasible), never silently; a container whose curve the mount has
+//! not published yet holds every change (the loop is learning).
 //!
 //! The model here: an operation is one page read through the mount, the first level is the memory the
 //! plan shares out (`memory_bytes`), the pool the cache; the cost of a read at each level is measured by
@@ -35,19 +38,20 @@ use crate::watch::StateFile;
 use dd_client::{BackoffPolicy, ClientError, PoolRef, Session};
 pub use dd_provision::report::{ContainerReport, RoundReport};
 use dd_provision::{
-    provision, Allocation, Budget, ContainerInput, Curve, Demand, LatencyModel, Observed, Plan, Target, Unit,
+    Allocation, Budget, ContainerInput, Controller, Curve, Decision, Demand, LatencyModel, Measured,
+    Observed, Plan, Target, Unit,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// The provisioner between rounds: the counters of the last round, to measure since, and the
-/// allocation in force (for the plan's hysteresis).
+/// The provisioner between rounds: the counters of the last round, to measure since, and the closed
+/// loop (what each allocation measured).
 pub struct GuestProvisioner {
     cfg: ProvisionFileConfig,
     session: Option<Session>,
     /// Each container's counters at the last round, and the mount's uptime then (ms).
     last: BTreeMap<String, (PublishedContainer, u64)>,
-    current: BTreeMap<String, Allocation>,
+    ctl: Controller,
     rounds: u64,
     /// The admin API the rounds are reported to (`[admin]`).
     admin: Option<dd_client::admin::AdminClient>,
@@ -71,7 +75,7 @@ fn round4(x: f64) -> f64 {
 }
 
 /// A container's measurements since the last round.
-struct Measured {
+struct Counted {
     hit_ratio: f64,
     latency_ms: f64,
     reads_per_s: f64,
@@ -92,7 +96,7 @@ impl GuestProvisioner {
             cfg,
             session,
             last: BTreeMap::new(),
-            current: BTreeMap::new(),
+            ctl: Controller::new(),
             rounds: 0,
             admin: cfg_admin,
         })
@@ -151,6 +155,7 @@ impl GuestProvisioner {
         };
         let mut inputs = Vec::new();
         let mut measured = Vec::new();
+        let mut loop_measured = Vec::new();
         let mut all = ReadTimesSnapshot::default();
         for c in &cts {
             let (prev, since) =
@@ -210,33 +215,43 @@ impl GuestProvisioner {
                     ns_per_op: ns,
                 }),
             });
-            measured.push(Measured {
+            let m = Counted {
                 hit_ratio: if reads > 0 { 1.0 - d.counters.backing_pages as f64 / reads as f64 } else { 0.0 },
                 latency_ms: ns_per_read.unwrap_or(0.0) / 1e6,
                 reads_per_s: rate,
                 reads,
-            });
+            };
+            // No curve yet, or no read since the last round: nothing measured.
+            loop_measured.push((c.curve.is_some() && reads > 0).then_some(Measured {
+                ops_s: m.reads_per_s,
+                latency_ms: m.latency_ms,
+                hit_ratio: m.hit_ratio,
+            }));
+            measured.push(m);
         }
         let lat = latency_model(&all);
-        let current: Option<Vec<Allocation>> =
-            cts.iter().map(|c| self.current.get(&c.counters.name).copied()).collect();
-        let plan = provision(&inputs, current.as_deref(), &lat, &budget, &self.cfg.decision)?;
+        let decision = self.ctl.decide(&inputs, &loop_measured, &lat, &budget, &self.cfg.decision)?;
         for c in &cts {
             self.last.insert(c.counters.name.clone(), (c.clone(), now));
         }
+        let Some(plan) = &decision.plan else { return Ok(None) };
         self.rounds += 1;
-        let report = self.report(&plan, &cts, &measured, &pools, budget, !dry_run);
-        if !dry_run {
-            self.apply(&plan, &pools)?;
+        let report = self.report(plan, &decision, &cts, &measured, &pools, budget, !dry_run);
+        if dry_run {
+            self.ctl.not_applied();
+        } else {
+            self.apply(plan, &pools)?;
         }
         Ok(Some(report))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn report(
         &self,
         plan: &Plan,
+        decision: &Decision,
         cts: &[PublishedContainer],
-        measured: &[Measured],
+        measured: &[Counted],
         pools: &BTreeMap<String, PoolRef>,
         budget: Budget,
         applied: bool,
@@ -246,7 +261,8 @@ impl GuestProvisioner {
             .iter()
             .zip(measured)
             .zip(cts)
-            .map(|((p, m), c)| ContainerReport {
+            .zip(&decision.containers)
+            .map(|(((p, m), c), s)| ContainerReport {
                 name: p.name.clone(),
                 pool: pools.get(&p.name).map(|r| r.id.0),
                 budget_bytes: p.allocation.memory_pages * PAGE,
@@ -267,6 +283,8 @@ impl GuestProvisioner {
                     .filter(|_| m.reads > 0)
                     .map(|t| t.met_by_measured(m.reads_per_s, m.latency_ms, m.hit_ratio)),
                 footprint_bytes: c.footprint_pages * PAGE,
+                state: s.state,
+                missed_intervals: s.missed_intervals,
             })
             .collect();
         RoundReport {
@@ -274,6 +292,8 @@ impl GuestProvisioner {
             applied,
             feasible: plan.feasible,
             infeasible: plan.infeasible.clone(),
+            missed: decision.missed(),
+            source: decision.source,
             kept_current: plan.kept_current,
             memory_bytes: budget.memory_pages * PAGE,
             mem_cache_bytes: budget.mem_cache_pages * PAGE,
@@ -317,7 +337,6 @@ impl GuestProvisioner {
             {
                 set_memory_limit(&parent.join(&p.name), limit)?;
             }
-            self.current.insert(p.name.clone(), p.allocation);
         }
         Ok(())
     }

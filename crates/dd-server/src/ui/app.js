@@ -66,7 +66,11 @@ function specText(s) {
 function provisionerSection(stored) {
   const r = stored.report;
   const age = Math.max(0, Math.round((Date.now() - stored.received_unix_ms) / 1000));
-  const verdict = r.feasible ? "every target feasible" : "infeasible: " + r.infeasible.join(", ");
+  // Missed: measured below the target for the closed loop's report_after rounds; infeasible: nothing
+  // measured or predicted within the budget meets it.
+  const said = [["infeasible", r.infeasible], ["missed", r.missed || []]].filter(([, l]) => l.length)
+    .map(([k, l]) => k + ": " + l.join(", "));
+  const verdict = r.feasible ? "every target feasible" : (said.join("; ") || "a target below, not yet reported");
   const head = el("tr", {}, ...["container", "target", "plan", "measured", "hit ratio measured / predicted",
     "latency ms measured / predicted", "reads/s", "first level", "mem cache", "ssd cache", "spec", "memory limit"].map((h) => el("th", {}, h)));
   const rows = r.containers.map((c) => el("tr", { className: "decision", "data-vm": stored.vm, "data-container": c.name,
