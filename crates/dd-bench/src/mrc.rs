@@ -140,6 +140,8 @@ pub fn run(opts: &MrcBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Mrc
         ),
         ("shards R=0.001", cfg(Method::Shards, Policy::Lru, Sampling::Rate(0.001)), None),
         ("shards 8192 samples", cfg(Method::Shards, Policy::Lru, Sampling::MaxSamples(8192)), None),
+        // The default (`doubledecker mrc` without sampling flags): fixed size, 32,768 samples.
+        ("shards default", cfg(Method::Shards, Policy::Lru, Sampling::default()), None),
     ];
     if opts.minisim {
         for (name, p) in [("minisim lru R=0.01", Policy::Lru), ("minisim fifo R=0.01", Policy::Fifo)] {
@@ -192,7 +194,7 @@ mod tests {
         let r = run(&opts, &mut |_| {}).unwrap();
         assert_eq!(r.requests, 200_000);
         assert!(r.unique > 10_000 && r.unique <= 50_000);
-        assert_eq!(r.runs.len(), 7);
+        assert_eq!(r.runs.len(), 8);
         assert!(r.runs.iter().all(|m| m.requests_per_cpu_s > 0.0));
         assert!(r.runs[0].mae_vs_exact.is_none());
         let shards = &r.runs[1];

@@ -28,6 +28,7 @@ fn main() {
         ("exact", Box::new(ExactLru::new(Unit::Pages)) as Box<dyn Mrc>),
         ("shards-0.01", Box::new(Shards::fixed_rate(0.01, Unit::Pages).unwrap())),
         ("shards-8192", Box::new(Shards::fixed_size(8192, Unit::Pages).unwrap())),
+        ("shards-32768 (default)", MrcConfig::default().build().unwrap()),
     ] {
         let t = cpu();
         for chunk in trace.chunks(16 * 1024) {

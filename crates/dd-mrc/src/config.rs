@@ -39,10 +39,22 @@ pub enum Sampling {
     MaxSamples(usize),
 }
 
+/// The keys the default sampling tracks: [`Sampling::default`] is `MaxSamples(DEFAULT_MAX_SAMPLES)`.
+///
+/// The smallest power of two whose SHARDS curve stays within a mean absolute error of 0.01 of the exact
+/// LRU curve for every sampling seed tried (60 seeds on each of the accuracy tests' uniform, zipf,
+/// scan-plus-hot and zipf-with-periodic-scans traces: at most 0.0078); 8,192 exceeds 0.01 for 2 or 3 of
+/// 20 seeds on three of them, `R = 0.01` for 3 to 11 of 20 on all four (BENCHMARKS.md, "Miss-ratio
+/// curves"). A model's key map and heap take about 2 MiB at this bound.
+pub const DEFAULT_MAX_SAMPLES: usize = 32_768;
+
 impl Default for Sampling {
-    /// `Rate(0.01)`, the SHARDS paper's standard rate.
+    /// Fixed-size sampling of [`DEFAULT_MAX_SAMPLES`] keys (the SHARDS paper's fixed-size variant):
+    /// bounded memory, and the sample holds that many keys whatever the trace's footprint (a fixed
+    /// rate samples few keys of a small footprint, and its error grows as the sample shrinks); a
+    /// footprint below the bound is tracked whole, so its curve is exact.
     fn default() -> Self {
-        Sampling::Rate(0.01)
+        Sampling::MaxSamples(DEFAULT_MAX_SAMPLES)
     }
 }
 
@@ -62,7 +74,8 @@ fn default_seed() -> u64 {
     DEFAULT_SEED
 }
 
-/// A model as plain data. Defaults: SHARDS of LRU at `R = 0.01`, in pages, the default seed.
+/// A model as plain data. Defaults: SHARDS of LRU with fixed-size sampling of [`DEFAULT_MAX_SAMPLES`]
+/// keys, in pages, the default seed.
 ///
 /// In TOML: `method = "minisim"`, `policy = "s3fifo"`, `sampling = { max_samples = 8192 }`,
 /// `unit = "bytes"`, `sizes = [1024, 2048]`.
@@ -153,6 +166,10 @@ mod tests {
         assert!(c.build().is_ok());
         let d: MrcConfig = toml::from_str("").unwrap();
         assert_eq!(d, MrcConfig::default());
+        assert_eq!(d.method, Method::Shards);
+        assert_eq!(d.sampling, Sampling::MaxSamples(DEFAULT_MAX_SAMPLES));
+        let r: MrcConfig = toml::from_str("sampling = { rate = 0.01 }").unwrap();
+        assert_eq!(r.sampling, Sampling::Rate(0.01));
         assert!(toml::from_str::<MrcConfig>("rate = 1").is_err());
     }
 

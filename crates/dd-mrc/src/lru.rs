@@ -273,7 +273,9 @@ impl Shards {
         Ok(Shards(StackMrc::new(unit, Sampler::with_rate(rate, seed), true, None)))
     }
 
-    /// Tracks at most `max_samples` keys (at least 1; 8,192 gives a mean absolute error around 0.01).
+    /// Tracks at most `max_samples` keys (at least 1). [`crate::DEFAULT_MAX_SAMPLES`] (32,768) keeps the
+    /// mean absolute error under 0.01 on the crate's test traces for every sampling seed tried; 8,192
+    /// averages about 0.005 but exceeds 0.01 for some seeds.
     pub fn fixed_size(max_samples: usize, unit: Unit) -> Result<Shards, MrcError> {
         Shards::fixed_size_seeded(max_samples, unit, DEFAULT_SEED)
     }

@@ -1,6 +1,6 @@
 //! `doubledecker mrc` as a user runs it: the JSON document issue 14 specifies, CSV and oracle-general
-//! (plain and zstd) traces giving the same curve, the plot file, and flag combinations that make no
-//! sense refused with a message.
+//! (plain and zstd) traces giving the same curve, the plot file, the default sampling (issue 27), and
+//! flag combinations that make no sense refused with a message.
 
 use std::io::Write;
 use std::path::Path;
@@ -114,6 +114,29 @@ fn mrc_reads_csv_plain_and_zstd_traces_alike_and_plots() {
     assert_eq!(m["policy"], "fifo");
     // FIFO with all 50 loop pages resident hits like LRU does.
     assert!((m["miss_ratio"][0].as_f64().unwrap() - 150.0 / 1100.0).abs() < 1e-12);
+}
+
+#[test]
+fn mrc_without_sampling_flags_samples_a_fixed_number_of_ids() {
+    // Issue 27: the default is fixed-size SHARDS (`Sampling::default()`), which tracks a trace with
+    // fewer ids than its bound whole (rate 1, the exact curve); `R = 0.01` would sample 1 or 2 of these
+    // 150 ids.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("t.bin");
+    write_oracle(&bin, false);
+    let v = json(&["--trace", bin.to_str().unwrap(), "--sizes", "49,50", "--json"]);
+    assert_eq!(v["method"], "shards");
+    assert_eq!(v["sampling_rate"], 1.0);
+    assert_eq!(v["unique"], 150);
+    assert_eq!(v["miss_ratio"][0], 1.0);
+    let at50 = v["miss_ratio"][1].as_f64().unwrap();
+    assert!((at50 - 150.0 / 1100.0).abs() < 1e-12, "{at50}");
+    // The help states the bound the library uses.
+    let help = String::from_utf8(mrc(&["--help"]).stdout).unwrap();
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" "); // clap wraps at 100 columns
+    let bound = dd_mrc::DEFAULT_MAX_SAMPLES.to_string();
+    assert!(help.contains(&format!("default {bound}")), "{help}");
+    assert_eq!(dd_mrc::Sampling::default(), dd_mrc::Sampling::MaxSamples(dd_mrc::DEFAULT_MAX_SAMPLES));
 }
 
 #[test]

@@ -206,6 +206,41 @@ pub mod dense {
             .collect()
     }
 
+    /// Zipf (exponent `s`) over a hot set of `hot` ids, and every `period` references a sequential scan of
+    /// `scan_len` cold ids, which walks on through a range of `cold` ids (`hot..hot + cold`) and wraps
+    /// around: a database's index lookups with a periodic table scan, backup or report. Each scan pushes
+    /// much of the hot set out of an LRU cache smaller than the scan, and its ids come back only
+    /// `cold / scan_len` scans later, so the curve has a plateau between the hot set and the cold range.
+    pub fn zipf_with_scans(
+        n: usize,
+        hot: u32,
+        s: f64,
+        period: usize,
+        scan_len: u32,
+        cold: u32,
+        seed: u64,
+    ) -> Vec<u32> {
+        assert!(period > 0 && scan_len > 0 && cold > 0);
+        // The zipf references are drawn as for `zipf` (more than the trace keeps: the scans take the
+        // rest of the `n`).
+        let mut out = Vec::with_capacity(n);
+        let mut cursor = 0u32;
+        for (i, k) in zipf(n, hot, s, seed).into_iter().enumerate() {
+            if i > 0 && i % period == 0 {
+                for _ in 0..scan_len {
+                    out.push(hot + cursor);
+                    cursor = (cursor + 1) % cold;
+                }
+            }
+            out.push(k);
+            if out.len() >= n {
+                break;
+            }
+        }
+        out.truncate(n);
+        out
+    }
+
     /// A hot set read uniformly (`hot_share` of the references) while sequential scans of fresh pages
     /// (never read again, like a backup or a batch job's input) run through the rest: the pattern that
     /// pushes LRU's hot set out and that S3-FIFO's small queue absorbs.
