@@ -140,8 +140,9 @@ fn sampler_cost(opts: &FuseBenchOptions) -> (f64, f64) {
         .flat_map(|f| (0..pages_per_file).map(move |i| page_key(1000 + f, i)))
         .collect();
     let passes = (opts.passes.max(1) + 1) as usize;
-    // Defaults of `[sampling]` (max_samples 8192); the first pass fills the model, as the cold pass does.
-    let s = Sampled::new(8192, 1);
+    // Defaults of `[sampling]` (max_samples dd_mrc::DEFAULT_MAX_SAMPLES); the first pass fills the model,
+    // as the cold pass does.
+    let s = Sampled::new(dd_mrc::DEFAULT_MAX_SAMPLES, 1);
     keys.iter().for_each(|&k| s.access(k));
     let t = Instant::now();
     for _ in 1..passes {

@@ -68,7 +68,8 @@ pub struct SamplingConfig {
     /// Sample the reads. Default true (cheap enough to stay on).
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Sampled keys each container's curve keeps. Default 8192.
+    /// Sampled keys each container's curve keeps. Default 32768 (`dd_mrc::DEFAULT_MAX_SAMPLES`, the
+    /// sampling whose curves meet a mean absolute error of 0.01, issue 27).
     #[serde(default = "default_samples")]
     pub max_samples: u32,
     /// Where the curves and counters are published (JSON, replaced atomically). Default none.
@@ -91,7 +92,7 @@ fn default_true() -> bool {
     true
 }
 fn default_samples() -> u32 {
-    8192
+    dd_mrc::DEFAULT_MAX_SAMPLES as u32
 }
 fn default_decay() -> f64 {
     1.0
