@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod error;
+pub mod mixes;
 pub mod model;
 pub mod results;
 pub mod scenario;
