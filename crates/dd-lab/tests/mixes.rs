@@ -151,6 +151,9 @@ fn one_mix_end_to_end_at_a_tiny_scale() {
     assert!(md.contains("| 3 |") && md.contains("feasible mixes"), "{md}");
     let csv = mixes::csv(std::slice::from_ref(o)).unwrap();
     assert_eq!(csv.lines().count(), 1 + o.containers.len());
+    // The same outcome one variant at a time.
+    let one = MixOptions { jobs: Some(1), ..opts };
+    assert_eq!(&mixes::run_mix(3, &one, &mut |_| {}).unwrap().outcome, o);
 }
 
 #[test]
