@@ -20,6 +20,8 @@
 //!
 //! This file runs a scenario: [`prepare`] (validate, scale, plan memory) and [`run_prepared`] (variants
 //! on threads, then checks).
+//! [`mixes`], beside it, runs generated mixes (`scenario::mixgen`) through them and scores the VM-level
+//! provisioner against the best static allocation (issue 27).
 //!
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod error;
+pub mod mixes;
 pub mod model;
 pub mod results;
 pub mod scenario;

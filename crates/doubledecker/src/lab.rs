@@ -1,5 +1,6 @@
 //! `doubledecker lab ...`: lists and runs the lab's scenarios (crate `dd-lab`), with a progress bar,
-//! and writes their outputs. Exits non-zero when a check fails.
+//! and writes their outputs. Exits non-zero when a check fails. `lab mixes` runs generated mixes
+//! against the VM-level provisioner (`dd_lab::mixes`) and writes their table.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -14,6 +15,48 @@ pub enum LabCommand {
     List,
     /// Runs a bundled scenario (by name) or a scenario file (by path), or all bundled ones.
     Run(RunArgs),
+    /// Generated mixes (issue 27): for each seed a mix of workloads in one or two VMs, its static grid
+    /// swept, targets derived from the sweep, and the VM-level provisioner against the best static
+    /// allocation. Prints and writes (mixes.md, .json, .csv, one mix-SEED.toml each) the table and the
+    /// verdicts against the issue's targets.
+    Mixes(MixesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MixesArgs {
+    /// Seeds: `1-20`, `3`, or a list of both (`1-5,9`).
+    #[arg(long, default_value = "1-20")]
+    seeds: String,
+    /// Size and time scale of every mix.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+    /// Containers per mix, `MIN-MAX`.
+    #[arg(long, default_value = "3-5")]
+    containers: String,
+    /// VMs per mix, `MIN-MAX`.
+    #[arg(long, default_value = "1-2")]
+    vms: String,
+    /// Most candidates of a mix's static search.
+    #[arg(long, default_value_t = 60)]
+    max_candidates: usize,
+    /// Each target is this fraction of the balanced static candidate's throughput.
+    #[arg(long, default_value_t = 0.9)]
+    target_fraction: f64,
+    /// Candidates run side by side on up to this many threads (default: one per core), as `lab run`.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Directory for SSD scratch files (the mixes have none; as `lab run`).
+    #[arg(long)]
+    scratch_dir: Option<PathBuf>,
+    /// Exit non-zero when the mixes miss the issue's targets.
+    #[arg(long)]
+    check: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args, Debug)]
@@ -117,7 +160,125 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             }
             Ok(())
         }
+        LabCommand::Mixes(a) => mixes(&a),
     }
+}
+
+/// `1-20`, `3`, `1-5,9` to the seeds in order (duplicates kept out).
+fn parse_seeds(text: &str) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u64, u64) = (
+            a.trim().parse().with_context(|| format!("--seeds: `{part}`"))?,
+            b.trim().parse().with_context(|| format!("--seeds: `{part}`"))?,
+        );
+        if a > b || b - a >= 10_000 {
+            bail!("--seeds: `{part}` is not a range LOW-HIGH of at most 10000 seeds");
+        }
+        for s in a..=b {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("--seeds: no seed");
+    }
+    Ok(out)
+}
+
+/// `MIN-MAX` or `N`.
+fn parse_range(flag: &str, text: &str) -> Result<(usize, usize)> {
+    let (a, b) = text.split_once('-').unwrap_or((text, text));
+    let p = |x: &str| x.trim().parse::<usize>().with_context(|| format!("{flag}: `{text}` is not MIN-MAX"));
+    Ok((p(a)?, p(b)?))
+}
+
+fn mixes(a: &MixesArgs) -> Result<()> {
+    use dd_lab::mixes::{self, MixOptions};
+    use dd_lab::scenario::mixgen::MixConfig;
+    let seeds = parse_seeds(&a.seeds)?;
+    let (min_containers, max_containers) = parse_range("--containers", &a.containers)?;
+    let (min_vms, max_vms) = parse_range("--vms", &a.vms)?;
+    let opts = MixOptions {
+        generator: MixConfig {
+            min_containers,
+            max_containers,
+            min_vms,
+            max_vms,
+            scale: a.scale,
+            max_candidates: a.max_candidates,
+            ..Default::default()
+        },
+        target_fraction: a.target_fraction,
+        jobs: a.jobs,
+        scratch_dir: a.scratch_dir.clone(),
+        host_memory: None,
+    };
+    opts.validate()?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let pb = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new(seeds.len() as u64 * 1000) };
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>12} [{bar:40}] {percent:>3}% {elapsed} eta {eta} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix("lab mixes");
+    let started = Instant::now();
+    let mut outcomes = Vec::with_capacity(seeds.len());
+    for (i, &seed) in seeds.iter().enumerate() {
+        let t0 = Instant::now();
+        pb.set_message(format!("seed {seed}"));
+        let run = mixes::run_mix(seed, &opts, &mut |f| pb.set_position(((i as f64 + f) * 1000.0) as u64))
+            .with_context(|| format!("mix of seed {seed}"))?;
+        let path = a.out.join(format!("mix-{seed}.toml"));
+        let text = dd_lab::scenario::mixgen::case_toml(&run.scenario)?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        let o = &run.outcome;
+        // Wall-clock figures go to the terminal only, never into the files.
+        pb.suspend(|| {
+            errln!(
+                "seed {seed}: {} candidates + provisioner, {:.1} s wall, {:.1} M page accesses; provisioner \
+                 {}/{} targets (static {}/{}), total {:.3}",
+                o.candidates,
+                t0.elapsed().as_secs_f64(),
+                run.accesses as f64 / 1e6,
+                o.provisioner_met,
+                o.targets,
+                o.static_met,
+                o.targets,
+                o.total_ratio
+            )
+        });
+        outcomes.push(run.outcome);
+    }
+    pb.finish_and_clear();
+    let v = mixes::verdicts(&outcomes);
+    let table = mixes::markdown(&outcomes, &v);
+    let command = format!(
+        "doubledecker lab mixes --seeds {} --scale {} --containers {} --vms {} --max-candidates {} \
+         --target-fraction {} --out DIR",
+        a.seeds, a.scale, a.containers, a.vms, a.max_candidates, a.target_fraction
+    );
+    let md = format!("Generated by `{command}`.\n\n{table}");
+    std::fs::write(a.out.join("mixes.md"), &md).context("writing mixes.md")?;
+    let json = serde_json::json!({ "command": command, "config": opts.generator, "target_fraction": a.target_fraction,
+        "mixes": outcomes, "verdicts": v });
+    std::fs::write(a.out.join("mixes.json"), serde_json::to_string_pretty(&json)? + "\n")
+        .context("writing mixes.json")?;
+    std::fs::write(a.out.join("mixes.csv"), mixes::csv(&outcomes)?).context("writing mixes.csv")?;
+    out!("{table}");
+    outln!(
+        "{} mixes in {:.1} s wall; outputs in {}",
+        outcomes.len(),
+        started.elapsed().as_secs_f64(),
+        a.out.display()
+    );
+    if a.check && !v.passed {
+        bail!("the provisioner misses the issue's targets on these mixes (see the verdicts above)");
+    }
+    Ok(())
 }
 
 /// The description on one line, cut at a word boundary to at most `max` characters ("..." marks a cut).

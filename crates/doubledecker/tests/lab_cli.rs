@@ -69,3 +69,31 @@ fn regression_a_lab_run_killed_with_sigkill_leaves_no_scratch_file() {
     let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "left behind after SIGKILL: {left:?}");
 }
+
+/// Issue 27: `lab mixes` writes its table, data and one case file per seed (into a closed pipe, too), and
+/// with `--check` its exit status is the verdict the data says.
+#[test]
+fn lab_mixes_writes_the_table_and_exits_with_the_verdict_under_check() {
+    let out = tempfile::tempdir().unwrap();
+    let r = lab()
+        .args(["mixes", "--seeds", "2", "--scale", "0.01", "--max-candidates", "4", "--jobs", "2", "--check"])
+        .args(["--quiet", "--out"])
+        .arg(out.path())
+        .stdout(closed_pipe())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("mixes.json")).unwrap()).unwrap();
+    let passed = json["verdicts"]["passed"].as_bool().unwrap();
+    assert_eq!(r.status.success(), passed, "{:?} {err}", r.status);
+    assert_eq!(json["mixes"][0]["seed"], 2);
+    let md = std::fs::read_to_string(out.path().join("mixes.md")).unwrap();
+    assert!(md.contains("lab mixes --seeds 2 --scale 0.01") && md.contains("| 2 |"), "{md}");
+    assert!(std::fs::read_to_string(out.path().join("mixes.csv")).unwrap().starts_with("seed,"));
+    let case = std::fs::read_to_string(out.path().join("mix-2.toml")).unwrap();
+    let sc = dd_lab::Scenario::from_toml(&case).unwrap();
+    assert!(sc.containers().any(|(_, _, c)| c.target.is_some()), "the case file carries the targets");
+}

@@ -12,6 +12,7 @@
 pub mod bundled;
 pub mod checks;
 pub mod memctl;
+pub mod mixgen;
 pub mod provision;
 mod validate;
 pub mod workload;

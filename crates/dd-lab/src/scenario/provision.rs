@@ -5,7 +5,8 @@
 //!
 //! Invariants after validation (called from [`super::Scenario::validate`]): every container named exists
 //! in the VM or scenario; times and sizes are finite and non-negative; a search has at least one
-//! dimension, every candidate list is non-empty, and it expands to at most [`MAX_CANDIDATES`] variants.
+//! dimension, every candidate list is non-empty, it expands to at most [`MAX_CANDIDATES`] variants, and
+//! at most one container per VM takes the rest of its VM's memory (`rest_of_memory`).
 //! [`expand`] is deterministic: candidates come in the order of the containers' names, each list in its
 //! order, the last container varying fastest.
 
@@ -125,17 +126,18 @@ pub enum Pick {
 #[serde(deny_unknown_fields)]
 pub struct Search {
     /// Candidate memory-store weights per container (`0`: no cache, spec `none`); combinations that
-    /// give the same partition (proportional weights) run once.
+    /// give the same partition (weights proportional within each VM) run once.
     #[serde(default)]
     pub cache_weights: BTreeMap<String, Vec<u32>>,
     /// Candidate memory limits per container, MiB (scaled); combinations whose limits in one VM add up
     /// to more than its memory are left out.
     #[serde(default)]
     pub memory_limit_mib: BTreeMap<String, Vec<f64>>,
-    /// This container's memory limit is what its VM's memory leaves after the limits of
-    /// `memory_limit_mib` (a split of the VM's memory); candidates that leave it nothing are left out.
-    #[serde(default)]
-    pub rest_of_memory: Option<String>,
+    /// These containers' memory limits are what their VMs' memory leaves after the limits of
+    /// `memory_limit_mib` (a split of each VM's memory), at most one container per VM; candidates that
+    /// leave one nothing are left out. The file says `"NAME"` or `["NAME", ...]`.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub rest_of_memory: Vec<String>,
     #[serde(default)]
     pub pick: Pick,
     /// Window in which candidates are compared (emulated s, scaled); default the whole run.
@@ -146,12 +148,13 @@ pub struct Search {
 }
 
 impl Search {
-    pub(crate) fn validate(&self, p: &str, containers: &HashSet<String>) -> Result<(), LabError> {
+    /// `containers`: every container's name with its VM's.
+    pub(crate) fn validate(&self, p: &str, containers: &BTreeMap<String, String>) -> Result<(), LabError> {
         if self.cache_weights.is_empty() && self.memory_limit_mib.is_empty() {
             return Err(LabError::invalid(p, "a search needs cache_weights or memory_limit_mib"));
         }
         for (k, v) in &self.cache_weights {
-            if !containers.contains(k) {
+            if !containers.contains_key(k) {
                 return Err(LabError::invalid(&format!("{p}.cache_weights.{k}"), "no such container"));
             }
             if v.is_empty() {
@@ -159,7 +162,7 @@ impl Search {
             }
         }
         for (k, v) in &self.memory_limit_mib {
-            if !containers.contains(k) {
+            if !containers.contains_key(k) {
                 return Err(LabError::invalid(&format!("{p}.memory_limit_mib.{k}"), "no such container"));
             }
             if v.is_empty() || v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
@@ -169,11 +172,18 @@ impl Search {
                 ));
             }
         }
-        if let Some(r) = &self.rest_of_memory {
-            if !containers.contains(r) || self.memory_limit_mib.contains_key(r) {
+        let mut vms_with_rest = HashSet::new();
+        for r in &self.rest_of_memory {
+            let Some(vm) = containers.get(r).filter(|_| !self.memory_limit_mib.contains_key(r)) else {
                 return Err(LabError::invalid(
                     &format!("{p}.rest_of_memory"),
-                    "must name a container without memory_limit_mib candidates",
+                    format!("{r}: must name a container without memory_limit_mib candidates"),
+                ));
+            };
+            if !vms_with_rest.insert(vm) {
+                return Err(LabError::invalid(
+                    &format!("{p}.rest_of_memory"),
+                    format!("{r}: at most one container per VM takes the rest of its memory"),
                 ));
             }
         }
@@ -201,6 +211,20 @@ impl Search {
         self.from_s = self.from_s.map(|x| x * k);
         self.to_s = self.to_s.map(|x| x * k);
     }
+}
+
+/// A name or a list of names.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
@@ -245,10 +269,17 @@ pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) ->
             .filter(|(d, _)| !d.1)
             .map(|(d, &i)| (&d.0, s.memory_limit_mib[&d.0][i]))
             .collect();
-        // Proportional weights are the same partition: run it once.
-        let g = weights.iter().fold(0, |g, w| gcd(g, w.1)).max(1);
-        let key: (Vec<u32>, Vec<u64>) =
-            (weights.iter().map(|w| w.1 / g).collect(), limits.iter().map(|l| l.1.to_bits()).collect());
+        // Weights proportional within each VM are the same partition of its share: run it once.
+        let vm_of = |c: &str| vm_memory(c).map(|(vm, _)| vm);
+        let mut gcds: BTreeMap<Option<String>, u32> = BTreeMap::new();
+        for (c, w) in &weights {
+            let g = gcds.entry(vm_of(c)).or_insert(0);
+            *g = gcd(*g, *w);
+        }
+        let key: (Vec<u32>, Vec<u64>) = (
+            weights.iter().map(|(c, w)| w / gcds[&vm_of(c)].max(1)).collect(),
+            limits.iter().map(|l| l.1.to_bits()).collect(),
+        );
         if !seen.insert(key) {
             continue;
         }
@@ -262,17 +293,15 @@ pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) ->
         if per_vm.values().any(|(sum, mem)| *sum > mem * (1.0 + 1e-9)) {
             continue;
         }
-        // The rest of its VM's memory, for the container that takes it.
-        let rest = match s.rest_of_memory.as_ref().and_then(|r| vm_memory(r).map(|(vm, mem)| (r, vm, mem))) {
-            Some((r, vm, mem)) => {
-                let left = mem - per_vm.get(&vm).map_or(0.0, |e| e.0);
-                if left <= 0.0 {
-                    continue;
-                }
-                Some((r, left))
-            }
-            None => None,
-        };
+        // The rest of its VM's memory, for each container that takes it.
+        let rest: Vec<(&String, f64)> = s
+            .rest_of_memory
+            .iter()
+            .filter_map(|r| vm_memory(r).map(|(vm, mem)| (r, mem - per_vm.get(&vm).map_or(0.0, |e| e.0))))
+            .collect();
+        if rest.iter().any(|(_, left)| *left <= 0.0) {
+            continue;
+        }
         let mut c = v.clone();
         c.search = None;
         c.search_of = Some(v.name.clone());
@@ -374,4 +403,59 @@ pub(crate) fn validate_check_names(
         return Err(LabError::invalid(p, "no container has a target"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Containers `a`, `b` in `vm1` (100 MiB) and `c`, `d` in `vm2` (60 MiB).
+    fn vm_memory(c: &str) -> Option<(String, f64)> {
+        match c {
+            "a" | "b" => Some(("vm1".into(), 100.0)),
+            "c" | "d" => Some(("vm2".into(), 60.0)),
+            _ => None,
+        }
+    }
+
+    fn names(v: &Variant) -> Vec<String> {
+        expand(v, &vm_memory).into_iter().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn each_vm_gives_the_rest_of_its_memory_to_its_own_container() {
+        let search: Search = toml::from_str(
+            "memory_limit_mib = { a = [40, 100], c = [20, 50] }\nrest_of_memory = [\"b\", \"d\"]",
+        )
+        .unwrap();
+        let v = Variant { name: "s".into(), search: Some(search), ..Default::default() };
+        // a = 100 leaves b nothing: left out.
+        assert_eq!(names(&v), ["s[a=40M,c=20M,b=60M,d=40M]", "s[a=40M,c=50M,b=60M,d=10M]"]);
+        let one: Search = toml::from_str("memory_limit_mib = { a = [40] }\nrest_of_memory = \"b\"").unwrap();
+        assert_eq!(one.rest_of_memory, ["b"], "one name reads as a list of one");
+    }
+
+    #[test]
+    fn weights_proportional_within_each_vm_run_once() {
+        let search: Search =
+            toml::from_str("cache_weights = { a = [1, 2], b = [1, 2], c = [0, 1], d = [1, 3] }").unwrap();
+        let v = Variant { name: "s".into(), search: Some(search), ..Default::default() };
+        // vm1: 1:1 = 2:2, 1:2, 2:1; vm2: 0:1 = 0:3, 1:1, 1:3.
+        assert_eq!(names(&v).len(), 3 * 3);
+    }
+
+    #[test]
+    fn two_containers_of_one_vm_cannot_both_take_the_rest() {
+        let vms: BTreeMap<String, String> =
+            [("a", "vm1"), ("b", "vm1"), ("c", "vm2")].map(|(c, v)| (c.into(), v.into())).into();
+        let bad: Search =
+            toml::from_str("memory_limit_mib = { c = [8] }\nrest_of_memory = [\"a\", \"b\"]").unwrap();
+        let e = bad.validate("variants[0].search", &vms).unwrap_err().to_string();
+        assert!(e.contains("variants[0].search.rest_of_memory") && e.contains("one container per VM"), "{e}");
+        let bad: Search = toml::from_str("memory_limit_mib = { c = [8] }\nrest_of_memory = \"c\"").unwrap();
+        assert!(bad.validate("s", &vms).unwrap_err().to_string().contains("without memory_limit_mib"));
+        let good: Search =
+            toml::from_str("memory_limit_mib = { c = [8] }\nrest_of_memory = [\"a\"]").unwrap();
+        good.validate("s", &vms).unwrap();
+    }
 }

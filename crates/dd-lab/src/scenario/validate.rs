@@ -188,7 +188,9 @@ impl Scenario {
                 }
             }
             if let Some(s) = &v.search {
-                s.validate(&format!("{p}.search"), &ct_names)?;
+                let vm_of: BTreeMap<String, String> =
+                    self.containers().map(|(_, vm, c)| (c.name.clone(), vm.name.clone())).collect();
+                s.validate(&format!("{p}.search"), &vm_of)?;
             }
         }
         let targeted: HashSet<String> = self

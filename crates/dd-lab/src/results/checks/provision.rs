@@ -39,8 +39,9 @@ fn window_measure(run: &str, entity: &str, metric: Metric, from: Option<f64>, to
     Measure { variant: Some(run.to_string()), entity: entity.to_string(), metric, from_s: from, to_s: to }
 }
 
-/// Whether a container meets its target in a run over a window, with the measured value as text.
-fn standing(
+/// Whether a container meets its target in a run over a window (the `targets` check's test: the mean
+/// over the window against the target), with the measured value as text.
+pub fn standing(
     runs: &[RunResult],
     run: &str,
     name: &str,
@@ -84,8 +85,9 @@ fn hit_ratio(
     Ok(if acc == 0 { 0.0 } else { 1.0 - (disk.min(acc) as f64 / acc as f64) })
 }
 
-/// Seconds a container of a run spends below its target in the window, sample by sample.
-fn violation_s(sc: &Scenario, run: &RunResult, name: &str, t: &Target, from: f64, to: f64) -> f64 {
+/// Seconds a container of a run spends below its target in the window, sample by sample (the
+/// `violation` check's measure).
+pub fn violation_s(sc: &Scenario, run: &RunResult, name: &str, t: &Target, from: f64, to: f64) -> f64 {
     let Some(ct) = run.containers.iter().position(|c| c.0 == name && c.2) else { return 0.0 };
     let dt = sc.sample_interval_s;
     run.samples
