@@ -16,8 +16,8 @@
 //! 4. **Scores** ([`MixOutcome`]), with the lab's check semantics: a target is met when the mean over the
 //!    window meets it (`targets`), time below target is the sum of the sampling intervals below it
 //!    (`violation`), total throughput is the sum of the containers' mean throughputs over the window;
-//!    a missed target is *reported* when a decision of the provisioner in the window said it would miss
-//!    ([`reported_misses`]).
+//!    a missed target is *reported* when a decision of the provisioner in the window named it missed or
+//!    infeasible ([`reported_misses`]).
 //!
 //! [`verdicts`] holds a set of mixes to the targets ([`ALL_MET_MIN`], [`TOTAL_RATIO_MIN`],
 //! [`BELOW_RATIO_MAX`], every miss reported). Everything here is a function of the emulated runs, so the
@@ -334,36 +334,15 @@ fn round3(x: f64) -> f64 {
 }
 
 /// Containers that a decision of the provisioner at or after `from_s` reported as missing their
-/// targets. The decisions are read as data (their JSON form), so that a provisioner that reports more
-/// is read without a change here: a VM-level list of names under one of [`VM_LISTS`], or a container
-/// entry (under `containers`) whose `missed` is true, whose `target_met` is false, or whose `status` is
-/// a string naming a miss (`missed`, `infeasible`, `unmet`, ...).
+/// targets: named in its `missed` (measured below the target for the closed loop's `report_after`
+/// decisions in a row) or `infeasible` (nothing measured or predicted within the budget meets it).
 pub fn reported_misses(decisions: &[Decision], from_s: f64) -> BTreeSet<String> {
-    use serde_json::Value;
-    let mut out = BTreeSet::new();
-    for d in decisions.iter().filter(|d| d.t_s + 1e-9 >= from_s) {
-        let Ok(v) = serde_json::to_value(d) else { continue };
-        for key in VM_LISTS {
-            for name in v.get(key).and_then(Value::as_array).into_iter().flatten() {
-                out.extend(name.as_str().map(str::to_string));
-            }
-        }
-        for c in v.get("containers").and_then(Value::as_array).into_iter().flatten() {
-            let flag = |k: &str| c.get(k).and_then(Value::as_bool);
-            let status = c.get("status").and_then(Value::as_str).unwrap_or("");
-            let missed = flag("missed") == Some(true)
-                || flag("target_met") == Some(false)
-                || ["miss", "infeasible", "unmet"].iter().any(|s| status.contains(s));
-            if missed {
-                out.extend(c.get("name").and_then(Value::as_str).map(str::to_string));
-            }
-        }
-    }
-    out
+    decisions
+        .iter()
+        .filter(|d| d.t_s + 1e-9 >= from_s)
+        .flat_map(|d| d.missed.iter().chain(&d.infeasible).cloned())
+        .collect()
 }
-
-/// VM-level fields of a decision that list containers missing their targets.
-pub const VM_LISTS: [&str; 3] = ["infeasible", "missed", "unmet"];
 
 /// A set of mixes against the targets.
 #[derive(Debug, Clone, PartialEq, Serialize)]

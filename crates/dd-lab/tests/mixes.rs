@@ -157,33 +157,20 @@ fn one_mix_end_to_end_at_a_tiny_scale() {
 }
 
 #[test]
-fn a_decision_reports_a_miss_by_any_of_the_fields_read() {
-    use dd_lab::sim::{DecidedContainer, Decision};
-    let ct = |name: &str, met: Option<bool>| DecidedContainer {
-        name: name.into(),
-        memory_limit_mib: 1.0,
-        mem_cache_mib: 0.0,
-        ssd_cache_mib: 0.0,
-        spec: dd_engine::Spec::None,
-        measured_ops_s: 0.0,
-        predicted_ops_s: 0.0,
-        predicted_latency_ms: 0.0,
-        predicted_hit_ratio: 0.0,
-        target: None,
-        target_met: met,
-    };
-    let d = |t_s: f64, infeasible: &[&str], cts: Vec<DecidedContainer>| Decision {
+fn a_miss_is_reported_by_a_decisions_missed_or_infeasible_list() {
+    use dd_lab::sim::Decision;
+    use dd_provision::Source;
+    let d = |t_s: f64, infeasible: &[&str], missed: &[&str]| Decision {
         t_s,
         vm: "vm1".into(),
-        feasible: infeasible.is_empty(),
+        feasible: infeasible.is_empty() && missed.is_empty(),
         infeasible: infeasible.iter().map(|s| s.to_string()).collect(),
+        missed: missed.iter().map(|s| s.to_string()).collect(),
         kept_current: false,
-        containers: cts,
+        source: Source::Model,
+        containers: Vec::new(),
     };
-    let ds = [
-        d(1.0, &["early"], vec![]),
-        d(5.0, &["a"], vec![ct("b", Some(false)), ct("c", Some(true)), ct("d", None)]),
-    ];
+    let ds = [d(1.0, &["early"], &["early2"]), d(5.0, &["a"], &["b"]), d(6.0, &[], &[])];
     let got = mixes::reported_misses(&ds, 5.0);
     assert_eq!(got.into_iter().collect::<Vec<_>>(), ["a", "b"], "only decisions in the window count");
 }
