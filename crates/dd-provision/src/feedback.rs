@@ -71,6 +71,9 @@ fn d_explore_units() -> u32 {
 fn d_max_age() -> u32 {
     20
 }
+fn d_settle() -> u32 {
+    1
+}
 
 /// Settings of the closed loop (`[decision.feedback]`; plain data, documented defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -112,6 +115,10 @@ pub struct FeedbackConfig {
     /// did long ago says little once its working set has moved (phases). Default 20.
     #[serde(default = "d_max_age")]
     pub max_age_intervals: u32,
+    /// Intervals after a change whose measurements are discarded while the plan stays (caches fill,
+    /// pages come back from the disk). Default 1.
+    #[serde(default = "d_settle")]
+    pub settle_intervals: u32,
 }
 
 impl Default for FeedbackConfig {
@@ -128,6 +135,7 @@ impl Default for FeedbackConfig {
             min_memory_units: d_min_memory_units(),
             explore_units: d_explore_units(),
             max_age_intervals: d_max_age(),
+            settle_intervals: d_settle(),
         }
     }
 }
@@ -192,6 +200,8 @@ pub enum Source {
     Model,
     /// Back to the best allocation measured, which the current one does worse than.
     BestMeasured,
+    /// The plan just applied, kept while its first `settle_intervals` measurements are discarded.
+    Settling,
     /// The current allocation, as good as anything predicted within the noise.
     Kept,
     /// A step from the best allocation measured to one not measured yet, which the measurements say
@@ -259,6 +269,8 @@ struct Point {
     m: Measured,
     /// Decision that last measured it (the oldest go first).
     seen: u64,
+    /// Intervals it was measured in.
+    n: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -279,6 +291,9 @@ struct Applied {
     explore: bool,
     /// Measured score of the anchor it left (for judging the exploration).
     anchor_score: Option<(u32, f64)>,
+    /// Intervals still to pass before its measurements count (a change's transient: caches filling,
+    /// pages read back in).
+    settle: u32,
 }
 
 /// The closed-loop provisioner of one VM (see the module doc).
@@ -336,6 +351,8 @@ impl Controller {
                 alloc: alloc.to_vec(),
                 explore: false,
                 anchor_score: None,
+                // What ran before the first decision includes the start (cold caches).
+                settle: 1,
             });
         }
     }
@@ -399,6 +416,8 @@ impl Controller {
                 }
             }
         }
+        // An interval right after a change measured the change, not the allocation: it is not recorded.
+        let settling = applied.as_ref().is_some_and(|a| a.settle > 0);
         for (i, c) in inputs.iter().enumerate() {
             let h = self.cts.entry(c.name.clone()).or_default();
             h.last = measured[i];
@@ -407,7 +426,7 @@ impl Controller {
                 Some(t) if !m.meets(t) => h.missed_for + 1,
                 _ => 0,
             };
-            let Some(a) = last_alloc[i] else { continue };
+            let Some(a) = last_alloc[i].filter(|_| !settling) else { continue };
             match h.points.iter_mut().find(|p| near(&p.alloc, &a, tol)) {
                 Some(p) => {
                     let s = fb.smoothing;
@@ -416,9 +435,10 @@ impl Controller {
                     p.m.hit_ratio = s * m.hit_ratio + (1.0 - s) * p.m.hit_ratio;
                     p.alloc = a;
                     p.seen = self.round;
+                    p.n += 1;
                 }
                 None => {
-                    h.points.push(Point { alloc: a, m, seen: self.round });
+                    h.points.push(Point { alloc: a, m, seen: self.round, n: 1 });
                     if h.points.len() > fb.max_points as usize {
                         let oldest = (0..h.points.len()).min_by_key(|&j| h.points[j].seen).unwrap_or(0);
                         h.points.swap_remove(oldest);
@@ -433,7 +453,7 @@ impl Controller {
             }
         }
         // The joint allocation measured: refreshed if known, remembered if not.
-        if let Some(ap) = applied.as_ref().filter(|ap| ap.names == names) {
+        if let Some(ap) = applied.as_ref().filter(|ap| ap.names == names && !settling) {
             let same = |t: &(Vec<String>, Vec<Allocation>, u64)| {
                 t.0 == names && t.1.iter().zip(&ap.alloc).all(|(x, y)| near(x, y, tol))
             };
@@ -480,13 +500,16 @@ impl Controller {
             }
             let mut ops = p.ops_s * h.log_correction.exp();
             let mut hit = p.hit_ratio;
-            for pt in &h.points {
+            // Bounds only from allocations measured in two intervals or more: one interval may be a
+            // transient (a run's first, caches still cold), and a bound from it would keep the loop
+            // from ever trying an allocation it covers.
+            for pt in h.points.iter().filter(|p| p.n >= 2) {
                 if covers(&pt.alloc, &a, tol) {
                     ops = ops.min(pt.m.ops_s * (1.0 + gain));
                     hit = hit.min(pt.m.hit_ratio);
                 }
             }
-            for pt in &h.points {
+            for pt in h.points.iter().filter(|p| p.n >= 2) {
                 if covers(&a, &pt.alloc, tol) {
                     ops = ops.max(pt.m.ops_s * (1.0 - gain));
                     hit = hit.max(pt.m.hit_ratio);
@@ -519,7 +542,7 @@ impl Controller {
         let current_score =
             current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?.map(|p| score_of(&preds(&p)));
         if let (Some(ap), Some(now)) = (&applied, current_score) {
-            if ap.explore {
+            if ap.explore && !settling {
                 match ap.anchor_score {
                     Some(anchor) if better(anchor, now, 0.0) => {
                         self.failed += 1;
@@ -538,9 +561,25 @@ impl Controller {
             let plan = current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?;
             let statuses = self.statuses(&inputs, measured, plan.as_ref(), None, fb.report_after);
             if let (Some(c), Some(ap)) = (current, applied) {
-                self.applied = Some(Applied { alloc: c, explore: false, anchor_score: None, ..ap });
+                self.applied =
+                    Some(Applied { alloc: c, explore: false, anchor_score: None, settle: 0, ..ap });
             }
             return Ok(Decision { plan, source: Source::Learning, containers: statuses });
+        }
+
+        // Settling: the plan stays until its measurements count.
+        if let (true, Some(c), Some(ap)) = (settling, &current, &applied) {
+            let plan = plan_at(c, &fixed_steer)?;
+            let best_pred = self.best_predicted(&inputs, budget, cfg, lat, &adjust);
+            let statuses = self.statuses(
+                &inputs,
+                measured,
+                Some(&plan),
+                Some((&best_pred, budget, tol)),
+                fb.report_after,
+            );
+            self.applied = Some(Applied { alloc: c.clone(), settle: ap.settle - 1, ..ap.clone() });
+            return Ok(Decision { plan: Some(plan), source: Source::Settling, containers: statuses });
         }
 
         // 3. The anchor: the best joint allocation measured (the current one if within the noise).
@@ -613,11 +652,14 @@ impl Controller {
         plan.infeasible =
             statuses.iter().filter(|s| s.state == TargetState::Infeasible).map(|s| s.name.clone()).collect();
         plan.feasible = statuses.iter().all(|s| matches!(s.state, TargetState::None | TargetState::Met));
+        let alloc: Vec<Allocation> = plan.containers.iter().map(|c| c.allocation).collect();
+        let changed = current.as_ref().is_none_or(|c| c.iter().zip(&alloc).any(|(x, y)| !near(x, y, tol)));
         self.applied = Some(Applied {
             names,
-            alloc: plan.containers.iter().map(|c| c.allocation).collect(),
+            alloc,
             explore,
             anchor_score: anchor.map(|a| a.1),
+            settle: if changed { fb.settle_intervals } else { 0 },
         });
         Ok(Decision { plan: Some(plan), source, containers: statuses })
     }
@@ -669,7 +711,7 @@ impl Controller {
             let cap = hist[i]
                 .points
                 .iter()
-                .filter(|p| covers(&p.alloc, a, tol))
+                .filter(|p| p.n >= 2 && covers(&p.alloc, a, tol))
                 .map(|p| p.m.ops_s * (1.0 + fb.min_gain))
                 .fold(ceilings[i], f64::min);
             let met = inputs[i].target.is_none_or(|t| match t {

@@ -37,6 +37,8 @@ struct Snap {
     ops: u64,
     lat_ns: u64,
     streams: StreamCounters,
+    /// When it was taken (emulated ns).
+    t_ns: u64,
 }
 
 /// One VM's provisioner.
@@ -204,14 +206,18 @@ impl<B: SecondChance> Sim<B> {
             let (ops, lat_ns) = (self.cts[c].tot.ops, self.cts[c].tot.lat_ns);
             let streams =
                 self.streams[c].as_ref().ok_or_else(|| LabError::invalid("provision", "no streams"))?;
-            let now = Snap { ops, lat_ns, streams: streams.counters };
-            let prev = st.last.insert(c, now).unwrap_or_default();
+            let now = Snap { ops, lat_ns, streams: streams.counters, t_ns: self.now };
+            let prev = st.last.insert(c, now);
+            // What follows is counted since the last decision, or since the container started.
+            let since = prev.map_or(self.cts[c].started_at.unwrap_or(0), |p| p.t_ns);
+            let prev = prev.unwrap_or_default();
             // Since the last decision; the whole run so far if nothing ran in between.
             let d = if now.ops > prev.ops {
                 Snap {
                     ops: now.ops - prev.ops,
                     lat_ns: now.lat_ns - prev.lat_ns,
                     streams: now.streams.since(&prev.streams),
+                    t_ns: since,
                 }
             } else {
                 now
@@ -267,11 +273,14 @@ impl<B: SecondChance> Sim<B> {
                 mem_cache_pages: pc.mem.used,
                 ssd_cache_pages: pc.ssd.used,
             });
-            let span_s = if now.ops > prev.ops { st.cfg.interval_s } else { self.now as f64 / NS };
+            // (The first decision's span is since the container started, not one interval: its rate was
+            // the start's operations over an interval, three times too high in the mixes of issue 27.)
+            let ran = now.ops > prev.ops;
+            let span_s = if ran { (self.now - since) as f64 / NS } else { self.now as f64 / NS };
             let ops_s = d.ops as f64 / span_s.max(1e-9);
             measured.push(ops_s);
             // Nothing ran since the last decision: no measurement (the loop waits for one).
-            loop_measured.push((d.ops > 0).then(|| Measured {
+            loop_measured.push(ran.then(|| Measured {
                 ops_s,
                 latency_ms: d.lat_ns as f64 / n / 1e6,
                 hit_ratio: if sc.file_reads > 0 {
