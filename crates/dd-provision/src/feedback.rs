@@ -6,12 +6,15 @@
 //! allocation, newest weighted by `smoothing`) and a correction of the model (the geometric mean of
 //! measured over predicted throughput at the allocations it ran). A decision ([`Controller::decide`]):
 //!
-//! 1. records the last interval's measurement under the allocation applied last;
+//! 1. records the last interval's measurement under the allocation applied last, unless that interval
+//!    was the transient of a change (the first `settle_intervals` after it, and the run's start before
+//!    the first decision): then the plan stays (`settling`) and nothing is recorded;
 //! 2. predicts every allocation the programme considers through [`Controller`]'s adjustment: an
 //!    allocation measured before predicts what was measured; any other predicts the model's throughput
 //!    times the correction, never above what an allocation at least as large in every resource measured
-//!    (performance does not fall with more memory), never below what one at most as large measured, and
-//!    never above the container's ceiling (its threads with every page in memory, its client's rate);
+//!    (performance does not fall with more memory), never below what one at most as large measured
+//!    (both only from allocations measured in two intervals or more), and never above the container's
+//!    ceiling (its threads with every page in memory, its client's rate);
 //! 3. anchors the programme at the best joint allocation measured (most targets met, then the highest
 //!    objective; the current one while it is within the noise of the best) and lets it move each
 //!    container at most `max_step_units` of each resource from there (Cliffhanger's bounded climbing on
@@ -23,8 +26,9 @@
 //!    loop rests on the anchor for `rest_intervals`.
 //!
 //! Reports ([`ContainerStatus`]): a target measured below for `report_after` intervals in a row is
-//! `missed`, with what was predicted and measured; `infeasible` means no allocation measured met it and
-//! none the model predicts does (the report carries the best of each). Containers not yet measured are
+//! `missed`, with what was predicted and measured; `infeasible` means no allocation measured within
+//! today's budget met it and none the model predicts does (the report carries the best of each).
+//! Allocations not measured again for `max_age_intervals` decisions are forgotten (working sets move). Containers not yet measured are
 //! `learning`: while any is, nothing changes (the first decision of a run waits for data instead of
 //! planning from empty curves).
 //!
