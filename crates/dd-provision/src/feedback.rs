@@ -7,8 +7,9 @@
 //! measured over predicted throughput at the allocations it ran). A decision ([`Controller::decide`]):
 //!
 //! 1. records the last interval's measurement under the allocation applied last, unless that interval
-//!    was the transient of a change (the first `settle_intervals` after it, and the run's start before
-//!    the first decision): then the plan stays (`settling`) and nothing is recorded;
+//!    was the transient of a change (after a change, and after the run's start, until every container's
+//!    throughput moved by at most `min_gain` from one interval to the next, or for at most
+//!    `max_settle_intervals`): then the plan stays (`settling`) and nothing is recorded;
 //! 2. predicts every allocation the programme considers through [`Controller`]'s adjustment: an
 //!    allocation measured before predicts what was measured; any other predicts the model's throughput
 //!    times the correction, never above what an allocation at least as large in every resource measured
@@ -76,7 +77,7 @@ fn d_max_age() -> u32 {
     20
 }
 fn d_settle() -> u32 {
-    1
+    4
 }
 
 /// Settings of the closed loop (`[decision.feedback]`; plain data, documented defaults).
@@ -119,10 +120,11 @@ pub struct FeedbackConfig {
     /// did long ago says little once its working set has moved (phases). Default 20.
     #[serde(default = "d_max_age")]
     pub max_age_intervals: u32,
-    /// Intervals after a change whose measurements are discarded while the plan stays (caches fill,
-    /// pages come back from the disk). Default 1.
+    /// Most intervals after a change whose measurements are discarded while the plan stays (caches
+    /// fill, pages come back from the disk): it stays until every container's throughput moves by at
+    /// most `min_gain` from one interval to the next, or this many intervals passed. Default 4.
     #[serde(default = "d_settle")]
-    pub settle_intervals: u32,
+    pub max_settle_intervals: u32,
 }
 
 impl Default for FeedbackConfig {
@@ -139,7 +141,7 @@ impl Default for FeedbackConfig {
             min_memory_units: d_min_memory_units(),
             explore_units: d_explore_units(),
             max_age_intervals: d_max_age(),
-            settle_intervals: d_settle(),
+            max_settle_intervals: d_settle(),
         }
     }
 }
@@ -204,7 +206,7 @@ pub enum Source {
     Model,
     /// Back to the best allocation measured, which the current one does worse than.
     BestMeasured,
-    /// The plan just applied, kept while its first `settle_intervals` measurements are discarded.
+    /// The plan just applied, kept while its transient passes (its measurements are discarded).
     Settling,
     /// The current allocation, as good as anything predicted within the noise.
     Kept,
@@ -295,9 +297,11 @@ struct Applied {
     explore: bool,
     /// Measured score of the anchor it left (for judging the exploration).
     anchor_score: Option<(u32, f64)>,
-    /// Intervals still to pass before its measurements count (a change's transient: caches filling,
-    /// pages read back in).
+    /// Intervals it may still be kept settling (a change's transient: caches filling, pages read back
+    /// in); 0: its measurements count.
     settle: u32,
+    /// Each container's throughput in the last interval under it, while settling.
+    last_ops: Vec<Option<f64>>,
 }
 
 /// The closed-loop provisioner of one VM (see the module doc).
@@ -357,6 +361,7 @@ impl Controller {
                 anchor_score: None,
                 // What ran before the first decision includes the start (cold caches).
                 settle: 1,
+                last_ops: Vec::new(),
             });
         }
     }
@@ -420,8 +425,17 @@ impl Controller {
                 }
             }
         }
-        // An interval right after a change measured the change, not the allocation: it is not recorded.
-        let settling = applied.as_ref().is_some_and(|a| a.settle > 0);
+        // An interval of a change's transient measured the change, not the allocation: it is not
+        // recorded. The transient is over when every container's throughput stopped moving.
+        let settled = |ap: &Applied| {
+            ap.names == names
+                && ap.last_ops.len() == names.len()
+                && ap.last_ops.iter().zip(measured).all(|(p, m)| match (p, m) {
+                    (Some(p), Some(m)) => (m.ops_s - p).abs() <= fb.min_gain * p.max(m.ops_s),
+                    _ => false,
+                })
+        };
+        let settling = applied.as_ref().is_some_and(|a| a.settle > 0 && !settled(a));
         for (i, c) in inputs.iter().enumerate() {
             let h = self.cts.entry(c.name.clone()).or_default();
             h.last = measured[i];
@@ -565,8 +579,14 @@ impl Controller {
             let plan = current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?;
             let statuses = self.statuses(&inputs, measured, plan.as_ref(), None, fb.report_after);
             if let (Some(c), Some(ap)) = (current, applied) {
-                self.applied =
-                    Some(Applied { alloc: c, explore: false, anchor_score: None, settle: 0, ..ap });
+                self.applied = Some(Applied {
+                    alloc: c,
+                    explore: false,
+                    anchor_score: None,
+                    settle: 0,
+                    last_ops: Vec::new(),
+                    ..ap
+                });
             }
             return Ok(Decision { plan, source: Source::Learning, containers: statuses });
         }
@@ -582,7 +602,12 @@ impl Controller {
                 Some((&best_pred, budget, tol)),
                 fb.report_after,
             );
-            self.applied = Some(Applied { alloc: c.clone(), settle: ap.settle - 1, ..ap.clone() });
+            self.applied = Some(Applied {
+                alloc: c.clone(),
+                settle: ap.settle - 1,
+                last_ops: measured.iter().map(|m| m.map(|m| m.ops_s)).collect(),
+                ..ap.clone()
+            });
             return Ok(Decision { plan: Some(plan), source: Source::Settling, containers: statuses });
         }
 
@@ -663,7 +688,8 @@ impl Controller {
             alloc,
             explore,
             anchor_score: anchor.map(|a| a.1),
-            settle: if changed { fb.settle_intervals } else { 0 },
+            settle: if changed { fb.max_settle_intervals } else { 0 },
+            last_ops: Vec::new(),
         });
         Ok(Decision { plan: Some(plan), source, containers: statuses })
     }
