@@ -3,31 +3,10 @@
 //! a silent miss, oscillation between two plans, decisions before the curves have data), and the loop
 //! never settling below an allocation it measured.
 
+mod common;
+
+use common::*;
 use dd_provision::*;
-
-/// Miss ratio 1 below `wss` pages, 0 from it.
-fn cliff(wss: u64) -> Curve {
-    Curve::new(Unit::Pages, vec![wss - 1, wss], vec![1.0, 0.0]).unwrap()
-}
-
-/// Miss ratio falling linearly to 0 at `wss` pages.
-fn linear(wss: u64) -> Curve {
-    Curve::new(Unit::Pages, vec![wss], vec![0.0]).unwrap()
-}
-
-fn all_misses() -> Curve {
-    Curve::new(Unit::Pages, vec![0], vec![1.0]).unwrap()
-}
-
-fn lat() -> LatencyModel {
-    LatencyModel {
-        memory_hit_ns: 1_000.0,
-        mem_cache_hit_ns: 6_000.0,
-        ssd_cache_hit_ns: 90_000.0,
-        file_miss_ns: 4_000_000.0,
-        anon_miss_ns: 4_000_000.0,
-    }
-}
 
 fn ct(name: &str, file: Curve, anon: Option<Curve>, target: Option<f64>) -> ContainerInput {
     let anon_per_op = if anon.is_some() { 1.0 } else { 0.0 };

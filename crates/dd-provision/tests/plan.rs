@@ -3,33 +3,11 @@
 //! the grid against brute force over every allocation.
 
 use dd_engine::Spec;
+mod common;
+
+use common::*;
 use dd_provision::*;
 use proptest::prelude::*;
-
-/// Miss ratio 1 below `wss` pages, 0 from it (every page reused, all of them needed).
-fn cliff(wss: u64) -> Curve {
-    Curve::new(Unit::Pages, vec![wss - 1, wss], vec![1.0, 0.0]).unwrap()
-}
-
-/// Miss ratio falling linearly to 0 at `wss` pages (uniform reuse over a working set).
-fn linear(wss: u64) -> Curve {
-    Curve::new(Unit::Pages, vec![wss], vec![0.0]).unwrap()
-}
-
-/// Every access misses whatever the size.
-fn all_misses() -> Curve {
-    Curve::new(Unit::Pages, vec![0], vec![1.0]).unwrap()
-}
-
-fn lat() -> LatencyModel {
-    LatencyModel {
-        memory_hit_ns: 1_000.0,
-        mem_cache_hit_ns: 6_000.0,
-        ssd_cache_hit_ns: 90_000.0,
-        file_miss_ns: 4_000_000.0,
-        anon_miss_ns: 4_000_000.0,
-    }
-}
 
 fn demand(file: f64, anon: f64) -> Demand {
     Demand {
