@@ -15,7 +15,9 @@
 //!
 //! Hysteresis: when every container carries its current allocation and that allocation scores as
 //! well on targets and within `hysteresis` of the best objective, it is kept, so that measurement noise
-//! does not move settings back and forth.
+//! does not move settings back and forth. The closed loop ([`crate::feedback`]) calls the same
+//! programme through [`Steer`] (every prediction corrected by measurements, each container kept within
+//! bounded steps of an anchor) and keeps allocations by its own rule instead.
 //!
 //! Cost: `O(n * steps^4)` for the joint memory/memory-cache programme (about 5 M steps for 48 units),
 //! `O(n * steps^2)` for the SSD one.
