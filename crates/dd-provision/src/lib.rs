@@ -15,19 +15,23 @@
 //! papers name miss-ratio curves as the way to do it adaptively; the curves come from `dd-mrc`.
 //!
 //! Modules: [`model`] (inputs and the performance model: cost of an operation for an allocation),
-//! [`plan`] (the decision), [`report`] (what a guest provisioner reports after a round: the body of the
+//! [`plan`] (the decision: a programme over a grid), [`feedback`] (the closed loop around it that the
+//! lab and the guest run: measurements correct predictions, [`Controller`]), [`config`] (the settings
+//! of both), [`report`] (what a guest provisioner reports after a round: the body of the
 //! daemon's `PUT /v1/vm/provisioner`, shared by the guest and the daemon). Curves are `dd_mrc::Curve`s in
 //! pages.
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
+pub mod config;
 pub mod error;
 pub mod feedback;
 pub mod model;
 pub mod plan;
 pub mod report;
 
+pub use config::{FeedbackConfig, Objective, ProvisionConfig};
 pub use dd_mrc::{Curve, Unit};
 pub use error::ProvisionError;
-pub use feedback::{ContainerStatus, Controller, Decision, FeedbackConfig, Measured, Source, TargetState};
+pub use feedback::{ContainerStatus, Controller, Decision, Measured, Source, TargetState};
 pub use model::{ContainerInput, Demand, LatencyModel, Observed, Prediction, Target};
-pub use plan::{provision, Allocation, Budget, ContainerPlan, Objective, Plan, ProvisionConfig};
+pub use plan::{provision, Allocation, Budget, ContainerPlan, Plan};

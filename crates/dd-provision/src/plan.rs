@@ -22,8 +22,8 @@
 //! Cost: `O(n * steps^4)` for the joint memory/memory-cache programme (about 5 M steps for 48 units),
 //! `O(n * steps^2)` for the SSD one.
 
+use crate::config::{Objective, ProvisionConfig};
 use crate::error::ProvisionError;
-use crate::feedback::FeedbackConfig;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
 use dd_engine::Spec;
 use serde::{Deserialize, Serialize};
@@ -44,97 +44,6 @@ pub struct Allocation {
     pub memory_pages: u64,
     pub mem_cache_pages: u64,
     pub ssd_cache_pages: u64,
-}
-
-/// What the plan maximises once targets are met.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Objective {
-    /// Total operations per second (the papers' "aggregate throughput").
-    #[default]
-    Throughput,
-    /// Total file pages per second served from memory or the cache.
-    Hits,
-}
-
-fn d_steps() -> u32 {
-    48
-}
-fn d_headroom() -> f64 {
-    0.1
-}
-fn d_rounds() -> u32 {
-    3
-}
-fn d_hysteresis() -> f64 {
-    0.02
-}
-fn d_file_share() -> f64 {
-    1.0 / 9.0
-}
-
-/// Settings of the decision (plain data, documented defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProvisionConfig {
-    /// Units each resource is cut into. Default 48.
-    #[serde(default = "d_steps")]
-    pub steps: u32,
-    /// Targets are planned this much better than asked (0.1: 10%), against model error. Default 0.1.
-    #[serde(default = "d_headroom")]
-    pub headroom: f64,
-    #[serde(default)]
-    pub objective: Objective,
-    /// Alternations of the memory/memory-cache and SSD programmes. Default 3.
-    #[serde(default = "d_rounds")]
-    pub rounds: u32,
-    /// A current allocation within this fraction of the best objective (and as good on targets) is
-    /// kept. Default 0.02.
-    #[serde(default = "d_hysteresis")]
-    pub hysteresis: f64,
-    /// Least share of a container's memory the guest's reclaim leaves to file pages when the container
-    /// reads files. Default 1/9: Linux reclaims anonymous pages once the file pages are under an eighth
-    /// of them (the lab's guest does the same).
-    #[serde(default = "d_file_share")]
-    pub min_file_share: f64,
-    /// The closed loop's settings ([`crate::feedback`]); [`provision`] alone does not use them.
-    #[serde(default)]
-    pub feedback: FeedbackConfig,
-}
-
-impl Default for ProvisionConfig {
-    fn default() -> Self {
-        ProvisionConfig {
-            steps: d_steps(),
-            headroom: d_headroom(),
-            objective: Objective::default(),
-            rounds: d_rounds(),
-            hysteresis: d_hysteresis(),
-            min_file_share: d_file_share(),
-            feedback: FeedbackConfig::default(),
-        }
-    }
-}
-
-impl ProvisionConfig {
-    pub fn validate(&self) -> Result<(), ProvisionError> {
-        if !(2..=256).contains(&self.steps) {
-            return Err(ProvisionError::invalid("steps", "must be in 2..=256"));
-        }
-        if !(self.headroom.is_finite() && (0.0..=10.0).contains(&self.headroom)) {
-            return Err(ProvisionError::invalid("headroom", "must be in [0, 10]"));
-        }
-        if !(1..=20).contains(&self.rounds) {
-            return Err(ProvisionError::invalid("rounds", "must be in 1..=20"));
-        }
-        if !(self.hysteresis.is_finite() && (0.0..1.0).contains(&self.hysteresis)) {
-            return Err(ProvisionError::invalid("hysteresis", "must be in [0, 1)"));
-        }
-        if !(0.0..1.0).contains(&self.min_file_share) {
-            return Err(ProvisionError::invalid("min_file_share", "must be in [0, 1)"));
-        }
-        self.feedback.validate()
-    }
 }
 
 /// One container's settings and what the model expects of them.
@@ -223,8 +132,8 @@ impl Ctx<'_> {
             None => (0, 0),
         };
         let obj = match self.cfg.objective {
-            crate::plan::Objective::Throughput => p.ops_s,
-            crate::plan::Objective::Hits => p.ops_s * input.demand.file_reads_per_op * p.hit_ratio,
+            Objective::Throughput => p.ops_s,
+            Objective::Hits => p.ops_s * input.demand.file_reads_per_op * p.hit_ratio,
         };
         Score { met, comfy, obj }
     }
