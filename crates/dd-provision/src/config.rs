@@ -18,6 +18,16 @@ pub enum Objective {
     Hits,
 }
 
+impl Objective {
+    /// What a container contributes to the objective with prediction `p`.
+    pub(crate) fn of(self, input: &crate::model::ContainerInput, p: &crate::model::Prediction) -> f64 {
+        match self {
+            Objective::Throughput => p.ops_s,
+            Objective::Hits => p.ops_s * input.demand.file_reads_per_op * p.hit_ratio,
+        }
+    }
+}
+
 fn d_steps() -> u32 {
     48
 }

@@ -37,7 +37,7 @@
 //! decisions); memory bounded by `max_points` measured allocations per container and as many joint ones;
 //! a container that leaves forgets nothing the others need (histories are by name).
 
-use crate::config::{Objective, ProvisionConfig};
+use crate::config::ProvisionConfig;
 use crate::error::ProvisionError;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
 use crate::plan::{solve, Allocation, Budget, Plan, Steer};
@@ -401,28 +401,34 @@ impl Controller {
         };
 
         // Scores as the closed loop compares them: targets met, then the objective.
-        let objective = |i: usize, p: &Prediction| match cfg.objective {
-            Objective::Throughput => p.ops_s,
-            Objective::Hits => p.ops_s * inputs[i].demand.file_reads_per_op * p.hit_ratio,
-        };
         let score_of = |preds: &[Prediction]| -> (u32, f64) {
             preds.iter().enumerate().fold((0, 0.0), |(met, obj), (i, p)| {
                 let ok = inputs[i].target.is_some_and(|t| t.met_by(p, 0.0));
-                (met + ok as u32, obj + objective(i, p))
+                (met + ok as u32, obj + cfg.objective.of(&inputs[i], p))
             })
         };
         let better = |a: (u32, f64), b: (u32, f64), margin: f64| {
             a.0 > b.0 || (a.0 == b.0 && a.1 > b.1 * (1.0 + margin))
         };
-        let plan_at = |alloc: &[Allocation], steer: &Steer<'_>| {
-            solve(&inputs, None, lat, budget, cfg, Some(steer), Some(alloc))
-        };
         let fixed_steer = Steer { adjust: &adjust, anchor: None, max_step_units: 0 };
+        // The most each container is predicted to reach with the VM's whole budget its own, corrected as
+        // every other prediction: what "none predicted meets it" compares with.
+        let best_predicted = || -> Vec<Prediction> {
+            let all = Allocation {
+                memory_pages: budget.memory_pages,
+                mem_cache_pages: budget.mem_cache_pages,
+                ssd_cache_pages: budget.ssd_cache_pages,
+            };
+            let pages = [all.memory_pages as f64, all.mem_cache_pages as f64, all.ssd_cache_pages as f64];
+            (0..inputs.len()).map(|i| adjust(i, pages, model_at(i, &all))).collect()
+        };
+        // The plan of a given allocation: its corrected predictions and pool weights.
+        let plan_at =
+            |alloc: &[Allocation]| solve(&inputs, None, lat, budget, cfg, Some(&fixed_steer), Some(alloc));
 
         // Judge the last exploration against the anchor it left.
         let current: Option<Vec<Allocation>> = last_alloc.iter().copied().collect();
-        let current_score =
-            current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?.map(|p| score_of(&preds(&p)));
+        let current_score = current.as_ref().map(|c| plan_at(c)).transpose()?.map(|p| score_of(&preds(&p)));
         if let (Some(ap), Some(now)) = (&applied, current_score) {
             if ap.explore && !settling {
                 match ap.anchor_score {
@@ -440,7 +446,7 @@ impl Controller {
 
         // Learning: nothing changes until every container has been measured.
         if measured.iter().any(Option::is_none) {
-            let plan = current.as_ref().map(|c| plan_at(c, &fixed_steer)).transpose()?;
+            let plan = current.as_ref().map(|c| plan_at(c)).transpose()?;
             let statuses = self.statuses(&inputs, measured, plan.as_ref(), None, fb.report_after);
             if let (Some(c), Some(ap)) = (current, applied) {
                 self.applied = Some(Applied {
@@ -457,8 +463,8 @@ impl Controller {
 
         // Settling: the plan stays until its measurements count.
         if let (true, Some(c), Some(ap)) = (settling, &current, &applied) {
-            let plan = plan_at(c, &fixed_steer)?;
-            let best_pred = self.best_predicted(&inputs, budget, cfg, lat, &adjust);
+            let plan = plan_at(c)?;
+            let best_pred = best_predicted();
             let statuses = self.statuses(
                 &inputs,
                 measured,
@@ -481,7 +487,7 @@ impl Controller {
             if *tn != names {
                 continue;
             }
-            let s = score_of(&preds(&plan_at(ta, &fixed_steer)?));
+            let s = score_of(&preds(&plan_at(ta)?));
             if anchor.as_ref().is_none_or(|(_, best)| better(s, *best, gain)) {
                 anchor = Some((ta.clone(), s));
             }
@@ -509,12 +515,12 @@ impl Controller {
                 if let Some(n) =
                     self.neighbour(&inputs, a, &anchor_score(&anchor), budget, cfg, tol, &ceilings, &hist)
                 {
-                    return Ok((plan_at(&fill(&n, budget), &fixed_steer)?, Source::Explore, true));
+                    return Ok((plan_at(&fill(&n, budget))?, Source::Explore, true));
                 }
             }
             let is_current = current.as_ref().is_some_and(|c| c == a);
             Ok((
-                plan_at(&fill(a, budget), &fixed_steer)?,
+                plan_at(&fill(a, budget))?,
                 if is_current { Source::Kept } else { Source::BestMeasured },
                 false,
             ))
@@ -537,7 +543,7 @@ impl Controller {
             && !self.tried.iter().any(|t| {
                 t.0 == names && t.1.iter().zip(&plan.containers).all(|(x, c)| near(x, &c.allocation, tol))
             });
-        let best_pred = self.best_predicted(&inputs, budget, cfg, lat, &adjust);
+        let best_pred = best_predicted();
         let statuses =
             self.statuses(&inputs, measured, Some(&plan), Some((&best_pred, budget, tol)), fb.report_after);
         let mut plan = plan;
@@ -643,28 +649,6 @@ impl Controller {
             }
         }
         None
-    }
-
-    /// The most each container is predicted to reach when the VM's whole budget is its own (within the
-    /// grid), corrected as every other prediction: what "none predicted meets it" compares with.
-    fn best_predicted(
-        &self,
-        inputs: &[ContainerInput],
-        budget: &Budget,
-        cfg: &ProvisionConfig,
-        lat: &LatencyModel,
-        adjust: &dyn Fn(usize, [f64; 3], Prediction) -> Prediction,
-    ) -> Vec<Prediction> {
-        let all = [budget.memory_pages as f64, budget.mem_cache_pages as f64, budget.ssd_cache_pages as f64];
-        let step = (all[0] / cfg.steps as f64).max(1.0);
-        inputs
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let m = Model::new(c, lat);
-                adjust(i, all, m.predict(all[0], all[1], all[2], step, cfg.min_file_share))
-            })
-            .collect()
     }
 
     fn statuses(

@@ -22,7 +22,7 @@
 //! Cost: `O(n * steps^4)` for the joint memory/memory-cache programme (about 5 M steps for 48 units),
 //! `O(n * steps^2)` for the SSD one.
 
-use crate::config::{Objective, ProvisionConfig};
+use crate::config::ProvisionConfig;
 use crate::error::ProvisionError;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
 use dd_engine::Spec;
@@ -131,11 +131,7 @@ impl Ctx<'_> {
             Some(t) => (t.met_by(p, 0.0) as u32, t.met_by(p, self.cfg.headroom) as u32),
             None => (0, 0),
         };
-        let obj = match self.cfg.objective {
-            Objective::Throughput => p.ops_s,
-            Objective::Hits => p.ops_s * input.demand.file_reads_per_op * p.hit_ratio,
-        };
-        Score { met, comfy, obj }
+        Score { met, comfy, obj: self.cfg.objective.of(input, p) }
     }
 
     fn predict_pages(&self, i: usize, memory: f64, mem: f64, ssd: f64) -> Prediction {
