@@ -144,6 +144,9 @@ fn d_max_age() -> u32 {
 fn d_settle() -> u32 {
     4
 }
+fn d_seek() -> f64 {
+    3.0
+}
 
 /// Settings of the closed loop (`[decision.feedback]`; plain data, documented defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -190,6 +193,11 @@ pub struct FeedbackConfig {
     /// most `min_gain` from one interval to the next, or this many intervals passed. Default 4.
     #[serde(default = "d_settle")]
     pub max_settle_intervals: u32,
+    /// Most a step towards a missed throughput target multiplies the container's share of a resource
+    /// by (`crate::shortfall`: sized by how far below its target it measured); 1 turns such steps off.
+    /// Default 3.
+    #[serde(default = "d_seek")]
+    pub seek_max_factor: f64,
 }
 
 impl Default for FeedbackConfig {
@@ -207,6 +215,7 @@ impl Default for FeedbackConfig {
             explore_units: d_explore_units(),
             max_age_intervals: d_max_age(),
             max_settle_intervals: d_settle(),
+            seek_max_factor: d_seek(),
         }
     }
 }
@@ -237,6 +246,9 @@ impl FeedbackConfig {
         }
         if self.explore_units == 0 {
             return bad("explore_units", "must be at least 1");
+        }
+        if !(self.seek_max_factor.is_finite() && (1.0..=100.0).contains(&self.seek_max_factor)) {
+            return bad("seek_max_factor", "must be in [1, 100]");
         }
         if !(1..=4096).contains(&self.max_points) {
             return bad("max_points", "must be in 1..=4096");

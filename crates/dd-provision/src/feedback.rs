@@ -22,7 +22,9 @@
 //!    measured gradients, with the model choosing the direction);
 //! 4. changes the plan only when the programme's plan is predicted to meet more targets than the
 //!    anchor measured, or as many and an objective higher by more than `min_gain` (so two plans within
-//!    the noise never alternate); otherwise it goes back to, or stays on, the anchor. Plans that measure
+//!    the noise never alternate); otherwise, when a container measures below its throughput target, it
+//!    tries a step sized by the shortfall ([`crate::shortfall`]), else a small exploration step, else it
+//!    goes back to, or stays on, the anchor. Plans that measure
 //!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
 //!    loop rests on the anchor for `rest_intervals`.
 //!
@@ -41,6 +43,7 @@ use crate::config::ProvisionConfig;
 use crate::error::ProvisionError;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
 use crate::plan::{solve, Allocation, Budget, Plan, Steer};
+use crate::shortfall::{seek as seek_shortfall, Seek};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -510,7 +513,49 @@ impl Controller {
             };
             Some(p)
         };
+        // A step towards the target furthest missed (crate::shortfall), from allocation `a`.
+        let predict_ops = |i: usize, x: &Allocation| {
+            let pages = [x.memory_pages as f64, x.mem_cache_pages as f64, x.ssd_cache_pages as f64];
+            adjust(i, pages, model_at(i, x)).ops_s
+        };
+        // The most a container can do at an allocation as far as measurements know: what an allocation
+        // at least as large measured (in two intervals or more). Not the model's ceiling: the model is
+        // what a step towards a missed target doubts.
+        let measured_cap = |i: usize, x: &Allocation| {
+            hist[i]
+                .points
+                .iter()
+                .filter(|p| p.n >= 2 && covers(&p.alloc, x, tol))
+                .map(|p| p.m.ops_s * (1.0 + gain))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let tried = |cand: &[Allocation]| {
+            self.tried.iter().any(|t| t.0 == names && t.1.iter().zip(cand).all(|(x, y)| near(x, y, tol)))
+        };
+        let unit = |total: u64| total / cfg.steps.max(1) as u64;
+        let seek_from = |a: &Vec<Allocation>| -> Option<Vec<Allocation>> {
+            if resting || fb.seek_max_factor <= 1.0 {
+                return None;
+            }
+            seek_shortfall(&Seek {
+                inputs: &inputs,
+                anchor: a,
+                predict_ops: &predict_ops,
+                measured_cap: &measured_cap,
+                tried: &tried,
+                unit_pages: [
+                    unit(budget.memory_pages),
+                    unit(budget.mem_cache_pages),
+                    unit(budget.ssd_cache_pages),
+                ],
+                headroom: cfg.headroom,
+                max_factor: fb.seek_max_factor,
+            })
+        };
         let settle = |a: &Vec<Allocation>| -> Result<(Plan, Source, bool), ProvisionError> {
+            if let Some(n) = seek_from(a) {
+                return Ok((plan_at(&n)?, Source::Explore, true));
+            }
             if !resting {
                 if let Some(n) =
                     self.neighbour(&inputs, a, &anchor_score(&anchor), budget, cfg, tol, &ceilings, &hist)

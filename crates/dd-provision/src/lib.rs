@@ -28,6 +28,7 @@ pub mod feedback;
 pub mod model;
 pub mod plan;
 pub mod report;
+mod shortfall;
 
 pub use config::{FeedbackConfig, Objective, ProvisionConfig};
 pub use dd_mrc::{Curve, Unit};

@@ -113,8 +113,9 @@ fn regression_a_prediction_above_a_learnt_ceiling() {
         }
     });
     // (The first decision waits out the start; a plan's first interval is its transient; a bound needs
-    // an allocation measured in two intervals: by the eighth decision the loop has them.)
-    for d in &ds[7..] {
+    // an allocation measured in two intervals, and the loop first tries steps towards the target, each
+    // measured once: by the twelfth decision it has them.)
+    for d in &ds[11..] {
         let p = d.plan.as_ref().unwrap();
         let pred = p.containers[0].predicted.ops_s;
         assert!(pred <= 2_400.0 * 1.06, "predicted {pred} after measuring 2 400: {d:#?}");
@@ -234,4 +235,38 @@ fn feedback_settings_are_validated_by_name() {
     assert!(e.to_string().contains("feedback.smoothing"), "{e}");
     let e = Controller::new().decide(&[ct("a", linear(10), None, None)], &[], &lat(), &budget(10), &cfg());
     assert!(e.unwrap_err().to_string().contains("measured"));
+}
+
+#[test]
+fn regression_a_far_missed_target_crept_up_in_two_unit_steps() {
+    // The mixes' preloaded database: the model sees no gain from memory (its curve is all first
+    // references), in truth it needs 1 200 of the VM's 1 600 pages and runs at half its target below
+    // them. Explorations of two units from the even split (800, then 1 000: no better, so a failed
+    // exploration) never reached 1 200; a step sized by the shortfall (half the target: about twice the
+    // memory) does, from the container without a target.
+    let mut a = ct("a", all_misses(), None, Some(2_000.0));
+    a.demand.other_ns_per_op = 1e6;
+    let b = ct("b", linear(1600), None, None);
+    let truth = |i: usize, al: &Allocation| {
+        let m = al.memory_pages as f64;
+        if i == 0 {
+            if m >= 1200.0 {
+                4_000.0
+            } else {
+                1_000.0
+            }
+        } else {
+            1e9 / (50_000.0 + 4e6 * (1.0 - (m / 1600.0).min(1.0)) * 0.01)
+        }
+    };
+    let ds = drive(&[a, b], &budget(1600), &cfg(), 16, truth);
+    let first_met = ds.iter().position(|d| allocs(d)[0] >= 1200);
+    assert!(
+        first_met.is_some_and(|k| k <= 4),
+        "a never got its 1 200 pages soon: {:?}",
+        ds.iter().map(allocs).collect::<Vec<_>>()
+    );
+    let last = allocs(ds.last().unwrap());
+    assert!(last[0] >= 1200, "the loop left the allocation that meets the target: {last:?}");
+    assert!(last[1] >= 100, "b keeps its floor: {last:?}");
 }
