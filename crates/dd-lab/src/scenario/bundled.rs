@@ -14,6 +14,7 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("fig13-dynamic-containers", include_str!("../../scenarios/fig13-dynamic-containers.toml")),
     ("fig14-dynamic-vms", include_str!("../../scenarios/fig14-dynamic-vms.toml")),
     ("thesis4-fig4.2-4.4-soft-limits", include_str!("../../scenarios/thesis4-fig4.2-4.4-soft-limits.toml")),
+    ("thesis001-few-exceed", include_str!("../../scenarios/thesis001-few-exceed.toml")),
     ("thesis4-fig4.6-4.7-ratio", include_str!("../../scenarios/thesis4-fig4.6-4.7-ratio.toml")),
     ("thesis4-fig4.8-gold", include_str!("../../scenarios/thesis4-fig4.8-gold.toml")),
     ("thesis4-fig4.9-chunk", include_str!("../../scenarios/thesis4-fig4.9-chunk.toml")),

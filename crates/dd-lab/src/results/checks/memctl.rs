@@ -183,12 +183,21 @@ pub fn eval_reclaim_mode(runs: &[RunResult], c: &ReclaimModeCheck) -> Result<(bo
     ))
 }
 
+/// A container's floor: the controller's `floor_mib` where the VM's controller configures the container,
+/// else its soft limit (what Linux's own reclaim takes a container down to before it falls back to the
+/// global LRU), else nothing.
 fn floor_pages(sc: &Scenario, name: &str) -> u64 {
-    sc.vms
-        .iter()
-        .filter_map(|v| v.memctl.as_ref())
-        .find_map(|m| m.containers.get(name))
-        .map_or(0, |c| mib_pages(c.floor_mib))
+    let configured = sc.vms.iter().filter_map(|v| v.memctl.as_ref()).find_map(|m| m.containers.get(name));
+    match configured {
+        Some(c) => mib_pages(c.floor_mib),
+        None => sc
+            .vms
+            .iter()
+            .flat_map(|v| &v.containers)
+            .find(|c| c.name == name)
+            .and_then(|c| c.soft_limit_mib)
+            .map_or(0, mib_pages),
+    }
 }
 
 pub fn eval_protected(
