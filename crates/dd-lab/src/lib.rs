@@ -64,6 +64,8 @@ pub struct RunOptions {
     pub jobs: Option<usize>,
     /// The memory the run may plan with; `None` reads it from the host ([`budget::HostMemory::read`]).
     pub host_memory: Option<budget::HostMemory>,
+    /// Overrides the scenario's disk scheduler (`host.disk.scheduler`).
+    pub disk_scheduler: Option<scenario::DiskScheduler>,
 }
 
 /// A scenario ready to run: validated, scaled, its memory planned.
@@ -85,6 +87,9 @@ pub fn prepare(sc: &Scenario, opts: &RunOptions) -> Result<Prepared, LabError> {
     }
     if let Some(s) = opts.seed {
         sc.seed = s;
+    }
+    if let Some(d) = opts.disk_scheduler {
+        sc.host.disk.scheduler = d;
     }
     sc.validate()?;
     let scale = sc.scale;

@@ -76,6 +76,10 @@ pub struct RunArgs {
     /// Overrides the scenario's seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Overrides the scenario's disk scheduler: `fifo` (one queue) or `fair` (a queue per container,
+    /// served by `io_weight`).
+    #[arg(long, value_parser = parse_disk_scheduler)]
+    disk_scheduler: Option<dd_lab::scenario::DiskScheduler>,
     /// Directory for the SSD store's unnamed scratch file (default: /dev/shm when the run fits in memory
     /// with it there, else /var/tmp). A memory-backed directory counts as memory.
     #[arg(long)]
@@ -142,6 +146,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                     daemon: daemon.clone(),
                     jobs: a.jobs,
                     host_memory: None,
+                    disk_scheduler: a.disk_scheduler,
                 };
                 let res = run_one(sc, &opts, &dir, a.quiet)?;
                 if !res.all_passed() {
@@ -401,4 +406,12 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
         outln!("  [{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
     }
     Ok(res)
+}
+
+fn parse_disk_scheduler(s: &str) -> Result<dd_lab::scenario::DiskScheduler, String> {
+    match s {
+        "fifo" => Ok(dd_lab::scenario::DiskScheduler::Fifo),
+        "fair" => Ok(dd_lab::scenario::DiskScheduler::Fair),
+        _ => Err(format!("`{s}`: want fifo or fair")),
+    }
 }

@@ -290,6 +290,7 @@ pub fn generate(seed: u64, cfg: &MixConfig) -> Result<Mix, LabError> {
                 start_s: 0.0,
                 stop_s: None,
                 target: None,
+                io_weight: 100,
                 workload,
             });
         }
@@ -337,7 +338,7 @@ pub fn generate(seed: u64, cfg: &MixConfig) -> Result<Mix, LabError> {
             ssd_capacity_mib: 0.0,
             mode: Mode::Partitioned,
             eviction_batch_mib: 2.0,
-            disk: DiskModel { kind: DiskKind::Network, access_us: None, bandwidth_mib_s: None },
+            disk: DiskModel { kind: DiskKind::Network, ..DiskModel::default() },
         },
         timing: Timing::default(),
         guest: GuestOptions::default(),

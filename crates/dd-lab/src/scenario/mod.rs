@@ -107,13 +107,35 @@ pub struct DiskModel {
     /// Transfer rate, MiB/s. Defaults: hdd 150, ssd 500, network 110.
     #[serde(default)]
     pub bandwidth_mib_s: Option<f64>,
+    /// How requests of different containers share the disk: `fifo` (default, one queue) or `fair` (a
+    /// queue per container, served in proportion to the containers' `io_weight`; `sim/disk.rs`).
+    #[serde(default)]
+    pub scheduler: DiskScheduler,
 }
 
 impl Default for DiskModel {
     fn default() -> Self {
-        DiskModel { kind: DiskKind::Hdd, access_us: None, bandwidth_mib_s: None }
+        DiskModel {
+            kind: DiskKind::Hdd,
+            access_us: None,
+            bandwidth_mib_s: None,
+            scheduler: DiskScheduler::Fifo,
+        }
     }
 }
+
+/// The disk's scheduler between containers (see [`DiskModel::scheduler`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskScheduler {
+    /// One first-come-first-served queue for every container (the lab's model before issue 34).
+    #[default]
+    Fifo,
+    /// A queue per container, each served at its `io_weight`'s share of the containers with requests
+    /// outstanding (Linux's CFQ, BFQ, `io.weight`).
+    Fair,
+}
+
 
 impl DiskModel {
     pub fn access_ns(&self) -> u64 {
@@ -272,6 +294,9 @@ pub struct Container {
     /// test it), e.g. `{ kind = "throughput", ops_s = 900 }`. Default none.
     #[serde(default)]
     pub target: Option<dd_provision::Target>,
+    /// Its weight in the disk's `fair` scheduler (cgroup v2 `io.weight`: 1-10000). Default 100.
+    #[serde(default = "d_w")]
+    pub io_weight: u32,
     pub workload: Workload,
 }
 

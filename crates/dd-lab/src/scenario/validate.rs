@@ -78,6 +78,9 @@ impl Scenario {
                         return bad(&format!("{p}.soft_limit_mib"), "must be non-negative");
                     }
                 }
+                if !(1..=10_000).contains(&c.io_weight) {
+                    return bad(&format!("{p}.io_weight"), "must be in 1..=10000");
+                }
                 if !fin(c.start_s) {
                     return bad(&format!("{p}.start_s"), "must be non-negative");
                 }

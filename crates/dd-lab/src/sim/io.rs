@@ -48,7 +48,7 @@ impl<B: SecondChance> Sim<B> {
 
     /// One disk request for `len` consecutive pages of a file; the thread waits for it.
     pub(super) fn disk_read(&mut self, c: usize, obj: u32, first: u32, len: u32, t: &mut u64) {
-        let d = self.disk.io(*t, key(obj, first), len as u64, false);
+        let d = self.disk.io(c, *t, key(obj, first), len as u64, false);
         self.io_wait += d - *t;
         if let Some(s) = self.streams[c].as_mut() {
             s.file_disk(len as u64, d - *t);
@@ -129,7 +129,7 @@ impl<B: SecondChance> Sim<B> {
         for i in 0..self.size[f as usize] {
             let k = key(f, i);
             if self.guests[vm].clean(k) {
-                let d = self.disk.io(*t, k, 1, true);
+                let d = self.disk.io(c, *t, k, 1, true);
                 self.io_wait += d - *t;
                 *t = d;
                 self.cts[c].tot.writebacks += 1;
@@ -190,7 +190,7 @@ impl<B: SecondChance> Sim<B> {
                 self.backend.flush_page(vm as u32 + 1, p, obj as u64, idx as u64)?;
             }
             if !hit {
-                let d = self.disk.io(*t, k, 1, false);
+                let d = self.disk.io(c, *t, k, 1, false);
                 self.io_wait += d - *t;
                 if let Some(s) = self.streams[c].as_mut() {
                     s.anon_fault(d - *t);
@@ -256,12 +256,12 @@ impl<B: SecondChance> Sim<B> {
                     // are written one after the other: the swap device sees a sequential stream, not a
                     // seek per page (which queued minutes of writes behind a balloon of a few GiB).
                     self.swap_slot = self.swap_slot.wrapping_add(1);
-                    self.disk.io(*t, key(SWAP_OBJECT, self.swap_slot), 1, true);
+                    self.disk.io(c, *t, key(SWAP_OBJECT, self.swap_slot), 1, true);
                 }
                 continue;
             }
             if e.dirty {
-                self.disk.io(*t, e.key, 1, true);
+                self.disk.io(c, *t, e.key, 1, true);
                 self.cts[c].tot.writebacks += 1;
             }
             if let Some(p) = self.cts[c].pool {

@@ -8,7 +8,7 @@
 //!
 //! Timing model: a thread's operation runs at once at its start time and accumulates its latency
 //! (page cache hits, cache hits by tier, disk requests); the thread's next operation is scheduled at the
-//! end. The disk is one first-come-first-served server (`busy_until`), so threads contend for it; an
+//! end. The disk (`disk`) is one first-come-first-served server by default, so threads contend for it; an
 //! operation that needs several disk requests reserves them in order as it runs (a long operation can
 //! thus reserve slots ahead of a later-starting one: a simplification, deterministic and bounded by one
 //! operation). Dirty write-back on eviction occupies the disk without blocking the thread; fsync and
@@ -17,6 +17,7 @@
 
 pub mod backend;
 pub mod budget;
+mod disk;
 pub mod effective;
 mod io;
 mod ops;
@@ -31,8 +32,9 @@ use crate::error::LabError;
 use crate::model::guest::{Evicted, Guest};
 use crate::model::kvstore::{Store, Touch};
 use crate::model::workload::{Fileset, Role, Trace, Window};
-use crate::scenario::{mib_pages, Event, Scenario, Timing, Variant};
+use crate::scenario::{mib_pages, DiskScheduler, Event, Scenario, Timing, Variant};
 use crate::sim::backend::SecondChance;
+use crate::sim::disk::Disk;
 use crate::sim::streams::Streams;
 use dd_engine::{Counters, EvictionOrder, PoolOptions, Spec, StoreKind};
 use rand_chacha::ChaCha8Rng;
@@ -168,30 +170,6 @@ struct Ct {
     bw_next: u64,
     /// The pages a `kv` workload uses (`working_set` events); `None`: all.
     kv_window: Option<Window>,
-}
-
-/// The host disk. Reads and writes keep separate sequential positions: write-back is done by flusher
-/// threads in large ordered batches in Linux, so a page written right after the previously written one
-/// needs no positioning even when reads came in between.
-struct Disk {
-    busy: u64,
-    last_read: u64,
-    last_write: u64,
-    access: u64,
-    xfer: u64,
-}
-
-impl Disk {
-    /// One request of `pages` pages at `key`, issued at `t`; returns its completion time.
-    fn io(&mut self, t: u64, k: u64, pages: u64, write: bool) -> u64 {
-        let start = t.max(self.busy);
-        let last = if write { &mut self.last_write } else { &mut self.last_read };
-        let seek = if k == last.wrapping_add(1) { 0 } else { self.access };
-        *last = k + pages - 1;
-        let done = start + seek + pages * self.xfer;
-        self.busy = done;
-        done
-    }
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
@@ -412,13 +390,12 @@ impl<B: SecondChance> Sim<B> {
             size,
             gen,
             cursor,
-            disk: Disk {
-                busy: 0,
-                last_read: u64::MAX - 1,
-                last_write: u64::MAX - 1,
-                access: sc.host.disk.access_ns(),
-                xfer: sc.host.disk.page_transfer_ns(),
-            },
+            disk: Disk::new(
+                sc.host.disk.access_ns(),
+                sc.host.disk.page_transfer_ns(),
+                (sc.host.disk.scheduler == DiskScheduler::Fair)
+                    .then(|| sc.containers().map(|(_, _, c)| c.io_weight).collect()),
+            ),
             heap: BinaryHeap::new(),
             seq: 0,
             now: 0,
