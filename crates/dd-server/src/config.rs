@@ -164,12 +164,12 @@ pub struct CoopConfig {
 }
 
 /// Recording of what data-plane and peer connections exchange, into files the fuzz corpora are made
-/// from (`capture` module, `fuzz/README.md`). The files hold tokens and pages in clear: for test and
-/// benchmark daemons only.
+/// from (`capture` module, `fuzz/README.md`). The files hold pages in clear (tokens redacted): for
+/// test and benchmark daemons only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureConfig {
-    /// Folder of the capture files (created if missing); empty: nothing is recorded.
+    /// Folder of the capture files (created with mode 0700 if missing); empty: nothing is recorded.
     /// `doubledecker serve --capture-dir` (or `DD_CAPTURE_DIR`) overrides it. Default empty.
     pub dir: PathBuf,
     /// Connections recorded per daemon process, the first ones accepted. Default 64.
@@ -244,6 +244,17 @@ pub struct VmConfig {
     /// other's content: see docs/protocol.md "Security"); empty (the default): a domain of its own.
     #[serde(default)]
     pub dedup_group: String,
+}
+
+/// Longest de-duplication group name, bytes.
+pub const MAX_GROUP_NAME_BYTES: usize = 128;
+
+/// Why a VM's de-duplication group name is refused (`dd_engine::names`; empty is no group).
+pub fn group_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return None;
+    }
+    dd_engine::names::name_problem(name, MAX_GROUP_NAME_BYTES)
 }
 
 fn default_coop_max_holders() -> usize {
@@ -447,6 +458,9 @@ impl ServerConfig {
                     return Err(invalid(format!("vms[{i}].{name}"), "above 1 000 000"));
                 }
             }
+            if let Some(p) = group_name_problem(&vm.dedup_group) {
+                return Err(invalid(format!("vms[{i}].dedup_group"), p));
+            }
         }
         Ok(())
     }
@@ -501,6 +515,9 @@ impl ServerConfig {
                 "name the de-duplication group whose pages are shared with peers (VMs join it with dedup_group)",
             ));
         }
+        if let Some(p) = group_name_problem(&c.dedup_group) {
+            return Err(invalid("coop.dedup_group", p));
+        }
         c.listen
             .parse::<SocketAddr>()
             .map_err(|_| invalid("coop.listen", "not an address like 127.0.0.1:7413"))?;
@@ -508,13 +525,13 @@ impl ServerConfig {
             return Err(invalid("coop.key_file", "must not be empty"));
         }
         let me = self.coop_node_name();
-        if me.len() > dd_coop::wire::MAX_NAME {
-            return Err(invalid("coop.node_name", "longer than 255 bytes"));
+        if let Some(p) = dd_engine::names::name_problem(&me, dd_coop::wire::MAX_NAME) {
+            return Err(invalid("coop.node_name", format!("{p} (1 to 255 bytes)")));
         }
         let mut names = std::collections::HashSet::new();
         for (i, p) in c.peers.iter().enumerate() {
-            if p.name.is_empty() || p.name.len() > dd_coop::wire::MAX_NAME {
-                return Err(invalid(format!("coop.peers[{i}].name"), "must be 1 to 255 bytes"));
+            if let Some(e) = dd_engine::names::name_problem(&p.name, dd_coop::wire::MAX_NAME) {
+                return Err(invalid(format!("coop.peers[{i}].name"), format!("{e} (1 to 255 bytes)")));
             }
             if p.name == me || !names.insert(p.name.clone()) {
                 return Err(invalid(

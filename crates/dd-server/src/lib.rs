@@ -18,6 +18,7 @@
 //! (drain the SSD write queue), remove the socket file, drop the cache.
 
 pub mod admin;
+pub mod admin_listener;
 pub mod admission;
 pub mod auth;
 pub mod capture;
@@ -390,7 +391,7 @@ pub async fn run(
     let router = admin::router(state.clone());
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(async move {
-        axum::serve(admin_listener, router)
+        axum::serve(admin_listener::AdminListener(admin_listener), router)
             .with_graceful_shutdown(async move {
                 let _ = admin_stop.changed().await;
             })
