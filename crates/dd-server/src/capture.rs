@@ -3,7 +3,8 @@
 //!
 //! With `capture.dir` set (or `doubledecker serve --capture-dir`, or `DD_CAPTURE_DIR`), every
 //! data-plane connection and every connection to the peer listener writes what it receives and what
-//! it sends, in order and timed, to a file of its own: `<dir>/<pid>-<data|peer>-<n>.ddcap`. The
+//! it sends (on the peer listener: the frames inside the encrypted channel, in the clear, not its
+//! records), in order and timed, to a file of its own: `<dir>/<pid>-<data|peer>-<n>.ddcap`. The
 //! converter `fuzz/examples/corpus_from_capture.rs` turns these files into inputs of each fuzz target.
 //!
 //! **File format** (little-endian): the 8-byte magic `DDCAPT01`, one byte of channel (0 data plane,

@@ -151,10 +151,22 @@ pub struct CoopConfig {
     /// Default 2.
     #[serde(default = "default_coop_max_holders")]
     pub max_holders: usize,
-    /// Connections to the peer listener (in their HELLO or authenticated); when all are taken a new one
-    /// displaces the oldest still in its HELLO. Default 64.
+    /// Peer-listener connections in their handshake from addresses outside the membership, together;
+    /// when all are taken a new one displaces the oldest of them (`coop::slots`). Default 64.
     #[serde(default = "default_coop_max_connections")]
     pub max_connections: usize,
+    /// Peer-listener handshake slots of each membership address (a peer's `addr` IP), which
+    /// connections from other addresses never displace. Default 4.
+    #[serde(default = "default_coop_handshakes_per_member")]
+    pub handshakes_per_member: usize,
+    /// Sessions one authenticated node may hold on this listener (its next AUTH is answered `busy`);
+    /// the client side opens at most as many to one peer. Default 8.
+    #[serde(default = "default_coop_max_sessions_per_peer")]
+    pub max_sessions_per_peer: usize,
+    /// An authenticated peer session without a frame for this long is closed by the listener; the
+    /// client drops pooled sessions idle for half of it. Default 60000 (60 s).
+    #[serde(default = "default_coop_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
     /// Time from accept to a completed peer HELLO; slower connections are closed. Default 5000.
     #[serde(default = "default_coop_handshake_ms")]
     pub handshake_timeout_ms: u64,
@@ -263,6 +275,18 @@ fn default_coop_max_holders() -> usize {
 
 fn default_coop_max_connections() -> usize {
     64
+}
+
+fn default_coop_handshakes_per_member() -> usize {
+    4
+}
+
+fn default_coop_max_sessions_per_peer() -> usize {
+    8
+}
+
+fn default_coop_idle_timeout_ms() -> u64 {
+    60_000
 }
 
 fn default_coop_handshake_ms() -> u64 {
@@ -494,6 +518,9 @@ impl ServerConfig {
             ("coop.pin_ttl_ms", c.pin_ttl_ms),
             ("coop.handshake_timeout_ms", c.handshake_timeout_ms),
             ("coop.max_connections", c.max_connections as u64),
+            ("coop.handshakes_per_member", c.handshakes_per_member as u64),
+            ("coop.max_sessions_per_peer", c.max_sessions_per_peer as u64),
+            ("coop.idle_timeout_ms", c.idle_timeout_ms),
             ("coop.etcd.lease_ttl_s", c.etcd.lease_ttl_s),
         ] {
             if v == 0 {

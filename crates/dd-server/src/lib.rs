@@ -329,11 +329,11 @@ pub async fn run(
         let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name(), key)?;
         let _ = state.coop.set(coop.clone());
         let (st, c, stop) = (state.clone(), coop.clone(), stop_rx.clone());
-        // Peer connections have slots of their own (no per-VM cap: every peer counts as one "VM").
-        let peer_slots = admission::Admission::new(
+        // Peer connections have slots of their own (`coop::slots`).
+        let peer_slots = coop::PeerSlots::new(
+            cfg.coop.handshakes_per_member,
             cfg.coop.max_connections,
-            cfg.coop.max_connections,
-            Arc::new(metrics::Metrics::new()),
+            cfg.coop.max_sessions_per_peer,
         );
         accept_tasks.push(spawn_accept_loop(
             &sessions,
@@ -341,8 +341,9 @@ pub async fn run(
             stop_rx.clone(),
             accept_tcp(Arc::new(l)),
             move |s| {
-                // At the limit with no HELLO to displace: the connection is closed at once.
-                if let Some(slot) = peer_slots.accept() {
+                let Ok(from) = s.peer_addr() else { return };
+                let member = c.is_member_address(from.ip());
+                if let Some(slot) = peer_slots.accept(from.ip(), member) {
                     tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
                 }
             },

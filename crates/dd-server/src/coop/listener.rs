@@ -1,5 +1,6 @@
-//! The server side of the peer protocol: the socket, the handshake (HELLO and AUTH: a peer proves the
-//! name it claims with the key the membership lists for it, `dd_coop::identity`), then one
+//! The server side of the peer protocol: the socket, the encrypted channel (`dd_coop::channel`), the
+//! handshake inside it (HELLO and AUTH: a peer proves the name it claims with the key the membership
+//! lists for it, over a transcript holding the channel's hash, `dd_coop::identity`), then one
 //! authenticated peer's requests (summaries, remote compares that pin frames for it, fetches and unpins
 //! of its own pins), answered by `dd_coop::serve` over the engine and the pin table (`Host`); and the
 //! pins released on a new epoch or after `pin_ttl_ms` of silence (the rules are
@@ -10,17 +11,19 @@
 //! Lock order: `owners` is taken alone, or with `rng` inside it to draw a handle (engine calls on the
 //! pins happen after it is released).
 
-use super::{Coop, Summary};
-use crate::capture::Channel;
+use super::{Coop, PeerError, Summary};
+use crate::capture::Channel as Channel_;
 use crate::state::ServerState;
+use dd_coop::channel::{self, Channel, RECORD_HEADER};
 use dd_coop::identity::{Role, Transcript, NONCE_LEN};
 use dd_coop::pins::PinTable;
 use dd_coop::serve::{self, PinHost, Served};
-use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
+use dd_coop::wire::{self, PeerHeader, PeerOp, PeerRequest, PeerResponse, PeerStatus, HEADER_LEN};
 use rand::RngCore;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 impl Coop {
     pub(super) fn expire_owners(&self) {
@@ -123,47 +126,128 @@ enum Handshake {
     Auth { name: String, epoch: u64, client_nonce: [u8; NONCE_LEN], server_nonce: [u8; NONCE_LEN] },
 }
 
-/// Serves one peer connection: HELLO and AUTH first (the peer proves its name with its key), then
-/// requests in order.
+/// One peer connection's stream inside its encrypted channel (`dd_coop::channel`): reads open records
+/// into a plaintext buffer, writes seal whole frames.
+struct Secure {
+    stream: tokio::net::TcpStream,
+    channel: Channel,
+    plain: Vec<u8>,
+    at: usize,
+    record: Vec<u8>,
+    sealed: Vec<u8>,
+}
+
+impl Secure {
+    /// Fills `buf` with plaintext. An error (closed, a record that fails authentication) ends the
+    /// session.
+    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), PeerError> {
+        while self.plain.len() - self.at < buf.len() {
+            if self.at > 0 {
+                self.plain.drain(..self.at);
+                self.at = 0;
+            }
+            let mut head = [0u8; RECORD_HEADER];
+            self.stream.read_exact(&mut head).await?;
+            let n = channel::record_len(head)?;
+            self.record.resize(n, 0);
+            self.stream.read_exact(&mut self.record).await?;
+            self.channel.open(&self.record, &mut self.plain)?;
+        }
+        buf.copy_from_slice(&self.plain[self.at..self.at + buf.len()]);
+        self.at += buf.len();
+        Ok(())
+    }
+
+    async fn write_all(&mut self, plain: &[u8]) -> Result<(), PeerError> {
+        self.sealed.clear();
+        self.channel.seal(plain, &mut self.sealed)?;
+        self.stream.write_all(&self.sealed).await?;
+        Ok(())
+    }
+}
+
+/// The channel's handshake on a new connection (the accepting side). A connection that opens with
+/// the peer frame magic is a peer of an older protocol version: it is told `bad_frame` in the clear.
+async fn open_channel(stream: &mut tokio::net::TcpStream) -> Option<Channel> {
+    let mut head = [0u8; RECORD_HEADER];
+    stream.read_exact(&mut head).await.ok()?;
+    if head == wire::MAGIC {
+        let mut out = Vec::new();
+        let msg = "this node speaks peer protocol version 3: every session is encrypted";
+        wire::encode_error(PeerOp::Hello as u8, 0, PeerStatus::BAD_FRAME, msg, &mut out);
+        let _ = stream.write_all(&out).await;
+        return None;
+    }
+    let n = u16::from_le_bytes(head) as usize;
+    if n > channel::MAX_HANDSHAKE_MESSAGE {
+        return None;
+    }
+    let mut msg = vec![0u8; n];
+    stream.read_exact(&mut msg).await.ok()?;
+    let (ch, answer) = channel::respond(&msg).ok()?;
+    stream.write_all(&answer).await.ok()?;
+    Some(ch)
+}
+
+/// Serves one peer connection: the encrypted channel, HELLO and AUTH inside it (the peer proves its
+/// name with its key, over a transcript holding the channel's hash), then requests in order.
 ///
-/// Before AUTH the connection holds a handshake slot (displaced by a newer connection when every slot
-/// is taken), reads at most 4096 payload bytes per frame, and must finish within
+/// Before AUTH the connection holds a handshake slot (`slots`: displaced only by a newer connection of
+/// its own pool), reads at most 4096 payload bytes per frame, and must finish within
 /// `coop.handshake_timeout_ms`: a connection that says nothing costs its task and a few hundred bytes,
 /// for a few seconds. A name outside the membership is refused at its HELLO, a wrong signature at
-/// AUTH; neither touches any pin. With `capture.dir` set, what the connection reads and writes is
-/// recorded (`crate::capture`).
+/// AUTH, a node that already holds `coop.max_sessions_per_peer` sessions is answered `busy`; none of
+/// them touches any pin. An authenticated session that sends nothing for `coop.idle_timeout_ms` is
+/// closed. A record that fails authentication (tampered, injected, replayed) closes the connection
+/// at once. With `capture.dir` set, the connection's plaintext frames are recorded
+/// (`crate::capture`).
 pub async fn serve_peer(
     coop: Arc<Coop>,
     state: Arc<ServerState>,
     mut stream: tokio::net::TcpStream,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    slot: crate::admission::HandshakeSlot,
+    mut slot: super::slots::Handshake,
 ) {
-    let mut slot = Some(slot);
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let deadline = tokio::time::Instant::now() + Duration::from_millis(coop.cfg.handshake_timeout_ms);
-    // The authenticated peer's name and the epoch it proved on this connection.
+    let ch = tokio::select! {
+        c = open_channel(&mut stream) => c,
+        _ = tokio::time::sleep_until(deadline) => None,
+        _ = &mut slot.displaced => None,
+        _ = stop.changed() => None,
+    };
+    let Some(channel) = ch else { return };
+    let mut s = Secure { stream, channel, plain: Vec::new(), at: 0, record: Vec::new(), sealed: Vec::new() };
+    let mut slot = Some(slot);
+    let idle = Duration::from_millis(coop.cfg.idle_timeout_ms);
+    // The authenticated peer's name and the epoch it proved on this connection, and its session slot.
     let mut from: Option<(String, u64)> = None;
+    let mut _session = None;
     let mut hs = Handshake::Hello;
-    let mut session_slot = None;
     let mut head = [0u8; HEADER_LEN];
     let mut out = Vec::new();
-    let mut rec = state.recorder(Channel::Peer);
+    let mut rec = state.recorder(Channel_::Peer);
     loop {
         let r = if let Some(hs) = slot.as_mut() {
             tokio::select! {
-                r = stream.read_exact(&mut head) => r,
+                r = s.read_exact(&mut head) => r,
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = &mut hs.displaced => return,
                 _ = stop.changed() => return,
             }
         } else {
             tokio::select! {
-                r = stream.read_exact(&mut head) => r,
+                r = s.read_exact(&mut head) => r,
+                _ = tokio::time::sleep(idle) => {
+                    coop.stats.sessions_idle_closed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
                 _ = stop.changed() => return,
             }
         };
-        if r.is_err() {
+        if let Err(e) = r {
+            if matches!(e, PeerError::Channel(_)) {
+                coop.stats.records_refused.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         }
         rec.received(&head);
@@ -176,16 +260,20 @@ pub async fn serve_peer(
                 out.clear();
                 wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
                 rec.sent(&out);
-                let _ = stream.write_all(&out).await;
+                let _ = s.write_all(&out).await;
                 return;
             }
         };
         let mut payload = vec![0u8; h.payload_len as usize];
         let until =
             if from.is_none() { deadline } else { tokio::time::Instant::now() + Duration::from_secs(30) };
-        let read = tokio::time::timeout_at(until, stream.read_exact(&mut payload)).await;
-        if !matches!(read, Ok(Ok(_))) {
-            return;
+        match tokio::time::timeout_at(until, s.read_exact(&mut payload)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(PeerError::Channel(_))) => {
+                coop.stats.records_refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            _ => return,
         }
         rec.received(&payload);
         out.clear();
@@ -198,6 +286,7 @@ pub async fn serve_peer(
                     }
                     wire::encode_error(h.op, h.request_id, status, msg, out);
                 };
+                let binding = *s.channel.binding();
                 match (&hs, PeerRequest::decode(h.op, &payload, coop.page_size)) {
                     (Handshake::Hello, Ok(PeerRequest::Hello { name, epoch, nonce })) => {
                         if coop.members.contains_key(name) && name != coop.me {
@@ -209,6 +298,7 @@ pub async fn serve_peer(
                                 server_epoch: coop.epoch,
                                 client_nonce: &nonce,
                                 server_nonce: &server_nonce,
+                                binding: &binding,
                             };
                             let signature = coop.key.sign(Role::Server, &t);
                             PeerResponse::Hello {
@@ -244,21 +334,28 @@ pub async fn serve_peer(
                             server_epoch: coop.epoch,
                             client_nonce,
                             server_nonce,
+                            binding: &binding,
                         };
                         let key = coop.members.get(name).expect("checked at HELLO");
-                        if t.verify(Role::Client, key, &signature) {
-                            let hs_slot = slot.take().expect("in the handshake");
-                            let Ok(s) = hs_slot.authenticate(dd_engine::VmId(0)) else { return };
-                            session_slot = Some(s);
-                            coop.hello(&state, name, *epoch);
-                            from = Some((name.clone(), *epoch));
-                            PeerResponse::Done.encode(h.op, h.request_id, &mut out);
-                        } else {
+                        if !t.verify(Role::Client, key, &signature) {
                             refuse(
                                 PeerStatus::AUTH_FAILED,
                                 "the signature does not prove this name",
                                 &mut out,
                             );
+                            close = true;
+                        } else if let Some(session) =
+                            slot.take().expect("in the handshake").authenticate(name)
+                        {
+                            _session = Some(session);
+                            coop.hello(&state, name, *epoch);
+                            from = Some((name.clone(), *epoch));
+                            PeerResponse::Done.encode(h.op, h.request_id, &mut out);
+                        } else {
+                            coop.stats.sessions_refused.fetch_add(1, Ordering::Relaxed);
+                            let msg =
+                                "this node holds its maximum of sessions here (coop.max_sessions_per_peer)";
+                            refuse(PeerStatus::BUSY, msg, &mut out);
                             close = true;
                         }
                     }
@@ -272,8 +369,7 @@ pub async fn serve_peer(
             Some((name, epoch)) => coop.handle(&state, name, *epoch, &h, &payload, &mut out),
         }
         rec.sent(&out);
-        if stream.write_all(&out).await.is_err() || close {
-            drop(session_slot);
+        if s.write_all(&out).await.is_err() || close {
             return;
         }
     }

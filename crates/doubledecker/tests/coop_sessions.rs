@@ -1,0 +1,228 @@
+//! Peers that cannot be hijacked or starved (issue 30, items 1-3): one member holding every session of
+//! a peer listener, a flood of silent connections against a member's slow handshake, and a relay that
+//! injects its own frame into a member's session. Each test reproduces the attack the review ran.
+
+mod common;
+mod coopkit;
+
+use common::vm;
+use coopkit::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A TCP relay on a loopback port to `127.0.0.1:to`, each direction delayed by `delay`. It keeps the
+/// upstream side of its latest connection (to inject bytes into) and counts what the upstream sent.
+struct Relay {
+    port: u16,
+    upstream: Arc<Mutex<Option<TcpStream>>>,
+    downstream: Arc<Mutex<Option<TcpStream>>>,
+    from_upstream: Arc<AtomicU64>,
+    upstream_closed: Arc<AtomicBool>,
+}
+
+fn relay(to: u16, delay: Duration) -> Relay {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let r = Relay {
+        port,
+        upstream: Arc::default(),
+        downstream: Arc::default(),
+        from_upstream: Arc::default(),
+        upstream_closed: Arc::default(),
+    };
+    let (up, down_, count, closed) =
+        (r.upstream.clone(), r.downstream.clone(), r.from_upstream.clone(), r.upstream_closed.clone());
+    std::thread::spawn(move || {
+        for down in l.incoming() {
+            let Ok(down) = down else { return };
+            let Ok(upstream) = TcpStream::connect(("127.0.0.1", to)) else { continue };
+            let _ = (down.set_nodelay(true), upstream.set_nodelay(true));
+            *up.lock().unwrap() = upstream.try_clone().ok();
+            *down_.lock().unwrap() = down.try_clone().ok();
+            closed.store(false, Ordering::SeqCst);
+            pump(down.try_clone().unwrap(), upstream.try_clone().unwrap(), delay, None);
+            pump(upstream, down, delay, Some((count.clone(), closed.clone())));
+        }
+    });
+    r
+}
+
+impl Relay {
+    /// Cuts its latest connection (both sides).
+    fn cut(&self) {
+        for s in [&self.upstream, &self.downstream] {
+            if let Some(s) = s.lock().unwrap().take() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it arrived (order kept); `count`: bytes counted and
+/// the end of `from` noted.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    delay: Duration,
+    count: Option<(Arc<AtomicU64>, Arc<AtomicBool>)>,
+) {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if let Some((c, _)) = &count {
+                        c.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                    if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some((_, closed)) = &count {
+            closed.store(true, Ordering::SeqCst);
+        }
+    });
+    std::thread::spawn(move || {
+        for (at, bytes) in rx {
+            std::thread::sleep((at + delay).saturating_duration_since(Instant::now()));
+            if to.write_all(&bytes).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    });
+}
+
+/// Item 1: node c, a member, held 64 idle sessions on b (all of the listener's) and a, restarted
+/// meanwhile, reached b in 0 of 5 publishes. Now each node holds at most `coop.max_sessions_per_peer`
+/// (8) sessions and the others are not held back.
+#[test]
+fn regression_one_member_holds_every_peer_session() {
+    let v = vm(1);
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let db = start_node(&b, &[&a, &c], &v, 1024);
+    let mut held = Vec::new();
+    for _ in 0..80 {
+        let mut s = peer_conn(b.port);
+        if peer_handshake(&mut s, "c", 5, &c.key) == Some(0) {
+            held.push(s);
+        }
+    }
+    assert!(held.len() <= 8, "c holds {} sessions on b", held.len());
+    let da = start_node(&a, &[&b], &v, 1024);
+    for _ in 0..5 {
+        publish(&da, 1);
+    }
+    drop((held, db));
+}
+
+/// Connections from `127.0.0.2` (not a member's address) to `port`, opened as fast as they go and
+/// never used (the latest 100 kept open), until `stop`.
+fn silent_flood(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+        let mut open = std::collections::VecDeque::new();
+        let mut opened = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let Ok(c) = rt.block_on(s.connect(([127, 0, 0, 1], port).into())) else { continue };
+            opened += 1;
+            open.push_back(c);
+            if open.len() > 100 {
+                open.pop_front();
+            }
+        }
+        opened
+    })
+}
+
+/// Item 3: each new connection displaced the oldest handshake, so with 10 ms each way between peers
+/// a flood of silent connections lost 3 of 13 publishes. Now a member's address has handshake slots
+/// of its own that connections from elsewhere never displace: every publish gets through.
+#[test]
+fn regression_silent_flood_displaces_a_slow_member_handshake() {
+    let v = vm(1);
+    let (a, b) = (node("a"), node("b"));
+    let db = start_node(&b, &[&a], &v, 1024);
+    let slow = relay(b.port, Duration::from_millis(10));
+    let da = start_node(&a, &[&via(&b, slow.port)], &v, 1024);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood: Vec<_> = (0..4).map(|_| silent_flood(b.port, stop.clone())).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut reached = 0;
+    for _ in 0..13 {
+        // Each counted publish opens a new session through the flood: the last one is cut, and the
+        // publish that finds it cut is not counted.
+        slow.cut();
+        da.http("POST", "/v1/host/coop/publish", Some(common::HOST_TOKEN), None);
+        let (s, v) = da.http("POST", "/v1/host/coop/publish", Some(common::HOST_TOKEN), None);
+        assert_eq!(s, 200, "{v}");
+        reached += n(&v, "peers_reached");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let opened: u64 = flood.into_iter().map(|f| f.join().unwrap()).sum();
+    assert!(opened >= 500, "the flood opened only {opened} connections");
+    assert_eq!(reached, 13, "publishes through a silent flood ({opened} connections)");
+    drop(db);
+}
+
+/// Item 2: keys were checked only in the handshake. A relay passed a's real handshake through to b,
+/// then sent its own FETCH on a's session and got an answer. Now every frame travels in the session's
+/// encrypted channel: the injected bytes fail authentication and b closes the session unanswered.
+#[test]
+fn regression_relay_injects_a_frame_into_a_members_session() {
+    let v = vm(1);
+    let (a, b) = (node("a"), node("b"));
+    let db = start_node(&b, &[&a], &v, 1024);
+    let r = relay(b.port, Duration::ZERO);
+    let da = start_node(&a, &[&via(&b, r.port)], &v, 1024);
+    publish(&da, 1);
+    let before = r.from_upstream.load(Ordering::SeqCst);
+    // A FETCH frame, framed as a record (a length and a tag's worth of bytes after it).
+    let mut fetch = Vec::new();
+    dd_coop::wire::PeerRequest::Fetch { pin: 1 }.encode(77, &mut fetch);
+    fetch.extend_from_slice(&[0; 16]);
+    let mut frame = (fetch.len() as u16).to_le_bytes().to_vec();
+    frame.extend_from_slice(&fetch);
+    let mut up = r.upstream.lock().unwrap().take().expect("a's session through the relay");
+    up.write_all(&frame).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !r.upstream_closed.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let answered = r.from_upstream.load(Ordering::SeqCst) - before;
+    assert_eq!(answered, 0, "b answered the injected frame");
+    assert!(r.upstream_closed.load(Ordering::SeqCst), "b kept the session after an injected frame");
+    assert_eq!(n(&coop(&db), "records_refused"), 1);
+    // a's next publication finds its session closed; the one after opens a new one.
+    da.http("POST", "/v1/host/coop/publish", Some(common::HOST_TOKEN), None);
+    publish(&da, 1);
+}
+
+/// Item 1, the other half: sessions had no idle timeout. Now a session silent for
+/// `coop.idle_timeout_ms` is closed by the listener, and the client drops its pooled sessions idle
+/// for half of it, so a publication after a pause opens a new one instead of failing on a closed one.
+#[test]
+fn idle_peer_sessions_are_closed_and_the_client_never_uses_a_closed_one() {
+    let v = vm(1);
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let idle = "idle_timeout_ms = 400\n";
+    let db = start_node_with(&b, &[&a, &c], &v, 1024, idle);
+    let da = start_node_with(&a, &[&b], &v, 1024, idle);
+    let mut s = peer_conn(b.port);
+    assert_eq!(peer_handshake(&mut s, "c", 5, &c.key), Some(0));
+    publish(&da, 1);
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(peer_call(&mut s, &dd_coop::wire::PeerRequest::Fetch { pin: 1 }).is_none(), "still open");
+    assert!(n(&coop(&db), "sessions_idle_closed") >= 2, "{}", coop(&db));
+    publish(&da, 1);
+    assert_eq!(n(&coop(&da), "peer_failures"), 0, "a used a closed session: {}", coop(&da));
+}
