@@ -226,3 +226,22 @@ fn idle_peer_sessions_are_closed_and_the_client_never_uses_a_closed_one() {
     publish(&da, 1);
     assert_eq!(n(&coop(&da), "peer_failures"), 0, "a used a closed session: {}", coop(&da));
 }
+
+/// A pooled session that the peer (its idle timeout, a restart) or the path closed failed the next
+/// request on it and started a back-off: a publication after a cut session reached nobody. Now a
+/// request that finds its reused session closed is sent again, once, on a new session.
+#[test]
+fn regression_a_pooled_session_closed_under_a_request_fails_it() {
+    let v = vm(1);
+    let (a, b) = (node("a"), node("b"));
+    let _db = start_node(&b, &[&a], &v, 1024);
+    let r = relay(b.port, Duration::ZERO);
+    let da = start_node(&a, &[&via(&b, r.port)], &v, 1024);
+    for _ in 0..3 {
+        publish(&da, 1);
+        r.cut();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    publish(&da, 1);
+    assert_eq!(n(&coop(&da), "peer_failures"), 0, "{}", coop(&da));
+}

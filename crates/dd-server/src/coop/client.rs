@@ -223,10 +223,11 @@ impl Coop {
         Ok((h, payload))
     }
 
-    /// A session with `peer`: an idle pooled one (those idle past half of `coop.idle_timeout_ms` are
-    /// dropped first), a new one while fewer than `coop.max_sessions_per_peer` are open, or else the
-    /// first one given back within the request timeout.
-    pub(super) fn checkout(&self, peer: &Peer) -> Result<Conn, PeerError> {
+    /// A session with `peer`, and whether it was used before: an idle pooled one (those idle past half
+    /// of `coop.idle_timeout_ms` are dropped first), a new one while fewer than
+    /// `coop.max_sessions_per_peer` are open, or else the first one given back within the request
+    /// timeout.
+    pub(super) fn checkout(&self, peer: &Peer) -> Result<(Conn, bool), PeerError> {
         let stale = Duration::from_millis(self.cfg.idle_timeout_ms / 2);
         let deadline = Instant::now() + self.timeout();
         let mut pool = peer.conns.lock();
@@ -235,7 +236,7 @@ impl Coop {
             pool.idle.retain(|c| c.used.elapsed() < stale);
             pool.open -= before - pool.idle.len();
             if let Some(c) = pool.idle.pop() {
-                return Ok(c);
+                return Ok((c, true));
             }
             if pool.open < self.cfg.max_sessions_per_peer {
                 pool.open += 1;
@@ -244,7 +245,7 @@ impl Coop {
                 if c.is_err() {
                     self.closed(peer);
                 }
-                return c;
+                return c.map(|c| (c, false));
             }
             if peer.returned.wait_until(&mut pool, deadline).timed_out() {
                 return Err(PeerError::Io(std::io::ErrorKind::TimedOut.into()));

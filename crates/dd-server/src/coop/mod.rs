@@ -436,7 +436,7 @@ impl Coop {
         epoch: Option<u64>,
     ) -> Result<(u64, Vec<u8>), TransportError> {
         peer.backoff.lock().check(Instant::now())?;
-        let mut conn = match self.checkout(peer) {
+        let (mut conn, reused) = match self.checkout(peer) {
             Ok(c) => c,
             Err(e) => return Err(self.failed(peer, &e)),
         };
@@ -444,7 +444,25 @@ impl Coop {
             self.pool(peer, conn);
             return Err(TransportError::EpochChanged);
         }
-        match self.exchange(&mut conn, req) {
+        let mut result = self.exchange(&mut conn, req);
+        // A reused session closed under the request (the peer's idle timeout or restart, a cut path)
+        // says nothing about the peer: the request goes again, once, on a new session (the other idle
+        // ones are as old, so they go too). Every request tolerates being sent twice (`transport`).
+        if reused && result.as_ref().is_err_and(|e| transport_error(e) == TransportError::Closed) {
+            drop(conn);
+            self.closed(peer);
+            peer.drop_idle();
+            conn = match self.checkout(peer) {
+                Ok((c, _)) => c,
+                Err(e) => return Err(self.failed(peer, &e)),
+            };
+            if epoch.is_some_and(|e| e != conn.epoch) {
+                self.pool(peer, conn);
+                return Err(TransportError::EpochChanged);
+            }
+            result = self.exchange(&mut conn, req);
+        }
+        match result {
             Ok((_, payload)) => {
                 let e = conn.epoch;
                 peer.liveness.lock().answered(Instant::now());
