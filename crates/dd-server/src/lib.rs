@@ -335,8 +335,12 @@ pub async fn run(
             cfg.coop.max_connections,
             cfg.coop.max_sessions_per_peer,
         );
+        // Accepted and authenticated on the handshake thread, like the data plane's connections;
+        // sessions are served on the session runtime (`coop::serve_peer`).
+        let l = rehome_listener(l.into_std(), &on_hs, TcpListener::from_std)?;
+        let peer_sessions = sessions.clone();
         accept_tasks.push(spawn_accept_loop(
-            &sessions,
+            &on_hs,
             "coop",
             stop_rx.clone(),
             accept_tcp(Arc::new(l)),
@@ -344,7 +348,9 @@ pub async fn run(
                 let Ok(from) = s.peer_addr() else { return };
                 let member = c.is_member_address(from.ip());
                 if let Some(slot) = peer_slots.accept(from.ip(), member) {
-                    tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
+                    let serve =
+                        coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot, peer_sessions.clone());
+                    tokio::spawn(serve);
                 }
             },
         ));

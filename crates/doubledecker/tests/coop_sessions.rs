@@ -7,97 +7,13 @@ mod coopkit;
 
 use common::vm;
 use coopkit::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
-
-/// A TCP relay on a loopback port to `127.0.0.1:to`, each direction delayed by `delay`. It keeps the
-/// upstream side of its latest connection (to inject bytes into) and counts what the upstream sent.
-struct Relay {
-    port: u16,
-    upstream: Arc<Mutex<Option<TcpStream>>>,
-    downstream: Arc<Mutex<Option<TcpStream>>>,
-    from_upstream: Arc<AtomicU64>,
-    upstream_closed: Arc<AtomicBool>,
-}
+use dd_bench::relay::Relay;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 fn relay(to: u16, delay: Duration) -> Relay {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let r = Relay {
-        port,
-        upstream: Arc::default(),
-        downstream: Arc::default(),
-        from_upstream: Arc::default(),
-        upstream_closed: Arc::default(),
-    };
-    let (up, down_, count, closed) =
-        (r.upstream.clone(), r.downstream.clone(), r.from_upstream.clone(), r.upstream_closed.clone());
-    std::thread::spawn(move || {
-        for down in l.incoming() {
-            let Ok(down) = down else { return };
-            let Ok(upstream) = TcpStream::connect(("127.0.0.1", to)) else { continue };
-            let _ = (down.set_nodelay(true), upstream.set_nodelay(true));
-            *up.lock().unwrap() = upstream.try_clone().ok();
-            *down_.lock().unwrap() = down.try_clone().ok();
-            closed.store(false, Ordering::SeqCst);
-            pump(down.try_clone().unwrap(), upstream.try_clone().unwrap(), delay, None);
-            pump(upstream, down, delay, Some((count.clone(), closed.clone())));
-        }
-    });
-    r
-}
-
-impl Relay {
-    /// Cuts its latest connection (both sides).
-    fn cut(&self) {
-        for s in [&self.upstream, &self.downstream] {
-            if let Some(s) = s.lock().unwrap().take() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-    }
-}
-
-/// Copies `from` to `to`, each chunk `delay` after it arrived (order kept); `count`: bytes counted and
-/// the end of `from` noted.
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    delay: Duration,
-    count: Option<(Arc<AtomicU64>, Arc<AtomicBool>)>,
-) {
-    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 65536];
-        loop {
-            match from.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if let Some((c, _)) = &count {
-                        c.fetch_add(n as u64, Ordering::SeqCst);
-                    }
-                    if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some((_, closed)) = &count {
-            closed.store(true, Ordering::SeqCst);
-        }
-    });
-    std::thread::spawn(move || {
-        for (at, bytes) in rx {
-            std::thread::sleep((at + delay).saturating_duration_since(Instant::now()));
-            if to.write_all(&bytes).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(std::net::Shutdown::Write);
-    });
+    Relay::start(to, delay).unwrap()
 }
 
 /// Item 1: node c, a member, held 64 idle sessions on b (all of the listener's) and a, restarted
@@ -185,22 +101,17 @@ fn regression_relay_injects_a_frame_into_a_members_session() {
     let r = relay(b.port, Duration::ZERO);
     let da = start_node(&a, &[&via(&b, r.port)], &v, 1024);
     publish(&da, 1);
-    let before = r.from_upstream.load(Ordering::SeqCst);
+    let before = r.from_upstream();
     // A FETCH frame, framed as a record (a length and a tag's worth of bytes after it).
     let mut fetch = Vec::new();
     dd_coop::wire::PeerRequest::Fetch { pin: 1 }.encode(77, &mut fetch);
     fetch.extend_from_slice(&[0; 16]);
     let mut frame = (fetch.len() as u16).to_le_bytes().to_vec();
     frame.extend_from_slice(&fetch);
-    let mut up = r.upstream.lock().unwrap().take().expect("a's session through the relay");
-    up.write_all(&frame).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !r.upstream_closed.load(Ordering::SeqCst) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let answered = r.from_upstream.load(Ordering::SeqCst) - before;
-    assert_eq!(answered, 0, "b answered the injected frame");
-    assert!(r.upstream_closed.load(Ordering::SeqCst), "b kept the session after an injected frame");
+    assert!(r.inject(&frame), "a's session through the relay");
+    let closed = r.wait_upstream_closed(Duration::from_secs(5));
+    assert_eq!(r.from_upstream() - before, 0, "b answered the injected frame");
+    assert!(closed, "b kept the session after an injected frame");
     assert_eq!(n(&coop(&db), "records_refused"), 1);
     // a's next publication finds its session closed; the one after opens a new one.
     da.http("POST", "/v1/host/coop/publish", Some(common::HOST_TOKEN), None);

@@ -189,25 +189,104 @@ async fn open_channel(stream: &mut tokio::net::TcpStream) -> Option<Channel> {
     Some(ch)
 }
 
+/// Why reading a frame stopped.
+enum Stop {
+    /// Closed, timed out, displaced, shutting down, or a frame refused (its answer sent).
+    Ended,
+}
+
+/// Reads one frame (payload at most `max`), answering a refused header; records what it read.
+async fn read_frame(
+    coop: &Coop,
+    s: &mut Secure,
+    max: u32,
+    rec: &mut crate::capture::Recorder,
+) -> Result<(PeerHeader, Vec<u8>), Stop> {
+    let mut head = [0u8; HEADER_LEN];
+    if let Err(e) = s.read_exact(&mut head).await {
+        if matches!(e, PeerError::Channel(_)) {
+            coop.stats.records_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        return Err(Stop::Ended);
+    }
+    rec.received(&head);
+    let h = match wire::parse_header(&head, max) {
+        Ok(Some(h)) => h,
+        Ok(None) => return Err(Stop::Ended),
+        Err(e) => {
+            let mut out = Vec::new();
+            wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
+            rec.sent(&out);
+            let _ = s.write_all(&out).await;
+            return Err(Stop::Ended);
+        }
+    };
+    let mut payload = vec![0u8; h.payload_len as usize];
+    match tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut payload)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(PeerError::Channel(_))) => {
+            coop.stats.records_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Stop::Ended);
+        }
+        _ => return Err(Stop::Ended),
+    }
+    rec.received(&payload);
+    Ok((h, payload))
+}
+
 /// Serves one peer connection: the encrypted channel, HELLO and AUTH inside it (the peer proves its
 /// name with its key, over a transcript holding the channel's hash), then requests in order.
 ///
-/// Before AUTH the connection holds a handshake slot (`slots`: displaced only by a newer connection of
-/// its own pool), reads at most 4096 payload bytes per frame, and must finish within
-/// `coop.handshake_timeout_ms`: a connection that says nothing costs its task and a few hundred bytes,
-/// for a few seconds. A name outside the membership is refused at its HELLO, a wrong signature at
-/// AUTH, a node that already holds `coop.max_sessions_per_peer` sessions is answered `busy`; none of
-/// them touches any pin. An authenticated session that sends nothing for `coop.idle_timeout_ms` is
-/// closed. A record that fails authentication (tampered, injected, replayed) closes the connection
-/// at once. With `capture.dir` set, the connection's plaintext frames are recorded
-/// (`crate::capture`).
+/// Called on the handshake thread (`crate::handshake`, lower CPU priority), where everything before
+/// AUTH runs: a flood of connections that never authenticate gets only the CPU the sessions leave.
+/// The authenticated session moves to the `sessions` runtime. Before AUTH the connection holds a
+/// handshake slot (`slots`: displaced only by a newer connection of its own pool), reads at most 4096
+/// payload bytes per frame, and must finish within `coop.handshake_timeout_ms`: a connection that
+/// says nothing costs its task and a few hundred bytes, for a few seconds. A name outside the
+/// membership is refused at its HELLO, a wrong signature at AUTH, a node that already holds
+/// `coop.max_sessions_per_peer` sessions is answered `busy`; none of them touches any pin. An
+/// authenticated session that sends nothing for `coop.idle_timeout_ms` is closed. A record that fails
+/// authentication (tampered, injected, replayed) closes the connection at once. With `capture.dir`
+/// set, the connection's plaintext frames are recorded (`crate::capture`).
 pub async fn serve_peer(
     coop: Arc<Coop>,
     state: Arc<ServerState>,
+    stream: tokio::net::TcpStream,
+    stop: tokio::sync::watch::Receiver<bool>,
+    slot: super::slots::Handshake,
+    sessions: tokio::runtime::Handle,
+) {
+    let mut rec = state.recorder(Channel_::Peer);
+    let Some((s, name, epoch, session)) =
+        handshake(&coop, &state, stream, stop.clone(), slot, &mut rec).await
+    else {
+        return;
+    };
+    let Secure { stream, channel, plain, at, record, sealed } = s;
+    let stream = match crate::handshake::Rehome::rehome(stream, &sessions) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("moving an authenticated peer connection to the session runtime: {e}");
+            return;
+        }
+    };
+    let s = Secure { stream, channel, plain, at, record, sealed };
+    sessions.spawn(async move {
+        serve_session(&coop, &state, s, &name, epoch, stop, &mut rec).await;
+        drop(session);
+    });
+}
+
+/// The channel and the identity handshake; the authenticated stream, its node's name and epoch and
+/// its session slot, or `None` (refused, timed out, displaced, shutting down).
+async fn handshake(
+    coop: &Coop,
+    state: &ServerState,
     mut stream: tokio::net::TcpStream,
     mut stop: tokio::sync::watch::Receiver<bool>,
     mut slot: super::slots::Handshake,
-) {
+    rec: &mut crate::capture::Recorder,
+) -> Option<(Secure, String, u64, super::slots::Session)> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(coop.cfg.handshake_timeout_ms);
     let ch = tokio::select! {
         c = open_channel(&mut stream) => c,
@@ -215,161 +294,126 @@ pub async fn serve_peer(
         _ = &mut slot.displaced => None,
         _ = stop.changed() => None,
     };
-    let Some(channel) = ch else { return };
-    let mut s = Secure { stream, channel, plain: Vec::new(), at: 0, record: Vec::new(), sealed: Vec::new() };
-    let mut slot = Some(slot);
-    let idle = Duration::from_millis(coop.cfg.idle_timeout_ms);
-    // The authenticated peer's name and the epoch it proved on this connection, and its session slot.
-    let mut from: Option<(String, u64)> = None;
-    let mut _session = None;
+    let mut s =
+        Secure { stream, channel: ch?, plain: Vec::new(), at: 0, record: Vec::new(), sealed: Vec::new() };
     let mut hs = Handshake::Hello;
-    let mut head = [0u8; HEADER_LEN];
     let mut out = Vec::new();
-    let mut rec = state.recorder(Channel_::Peer);
     loop {
-        let r = if let Some(hs) = slot.as_mut() {
-            tokio::select! {
-                r = s.read_exact(&mut head) => r,
-                _ = tokio::time::sleep_until(deadline) => return,
-                _ = &mut hs.displaced => return,
-                _ = stop.changed() => return,
-            }
-        } else {
-            tokio::select! {
-                r = s.read_exact(&mut head) => r,
-                _ = tokio::time::sleep(idle) => {
-                    coop.stats.sessions_idle_closed.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                _ = stop.changed() => return,
-            }
+        let (h, payload) = tokio::select! {
+            r = read_frame(coop, &mut s, 4096, rec) => r.ok()?,
+            _ = tokio::time::sleep_until(deadline) => return None,
+            _ = &mut slot.displaced => return None,
+            _ = stop.changed() => return None,
         };
-        if let Err(e) = r {
-            if matches!(e, PeerError::Channel(_)) {
-                coop.stats.records_refused.fetch_add(1, Ordering::Relaxed);
-            }
-            return;
-        }
-        rec.received(&head);
-        // Before AUTH only a small frame is read; after it, up to the largest summary.
-        let max = if from.is_some() { wire::ABSOLUTE_MAX_PAYLOAD } else { 4096 };
-        let h = match wire::parse_header(&head, max) {
-            Ok(Some(h)) => h,
-            Ok(None) => return,
-            Err(e) => {
-                out.clear();
-                wire::encode_error(head[3], 0, e.status(), &e.to_string(), &mut out);
-                rec.sent(&out);
-                let _ = s.write_all(&out).await;
-                return;
-            }
-        };
-        let mut payload = vec![0u8; h.payload_len as usize];
-        let until =
-            if from.is_none() { deadline } else { tokio::time::Instant::now() + Duration::from_secs(30) };
-        match tokio::time::timeout_at(until, s.read_exact(&mut payload)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(PeerError::Channel(_))) => {
-                coop.stats.records_refused.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            _ => return,
-        }
-        rec.received(&payload);
         out.clear();
-        let mut close = false;
-        match &from {
-            None => {
-                let refuse = |status: PeerStatus, msg: &str, out: &mut Vec<u8>| {
-                    if status == PeerStatus::AUTH_FAILED {
-                        coop.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
-                    }
-                    wire::encode_error(h.op, h.request_id, status, msg, out);
+        let refuse = |status: PeerStatus, msg: &str, out: &mut Vec<u8>| {
+            if status == PeerStatus::AUTH_FAILED {
+                coop.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            wire::encode_error(h.op, h.request_id, status, msg, out);
+        };
+        let binding = *s.channel.binding();
+        let mut done = None;
+        match (&hs, PeerRequest::decode(h.op, &payload, coop.page_size)) {
+            (Handshake::Hello, Ok(PeerRequest::Hello { name, epoch, nonce }))
+                if coop.members.contains_key(name) && name != coop.me =>
+            {
+                let server_nonce = coop.nonce();
+                let t = Transcript {
+                    client: name,
+                    server: &coop.me,
+                    client_epoch: epoch,
+                    server_epoch: coop.epoch,
+                    client_nonce: &nonce,
+                    server_nonce: &server_nonce,
+                    binding: &binding,
                 };
-                let binding = *s.channel.binding();
-                match (&hs, PeerRequest::decode(h.op, &payload, coop.page_size)) {
-                    (Handshake::Hello, Ok(PeerRequest::Hello { name, epoch, nonce })) => {
-                        if coop.members.contains_key(name) && name != coop.me {
-                            let server_nonce = coop.nonce();
-                            let t = Transcript {
-                                client: name,
-                                server: &coop.me,
-                                client_epoch: epoch,
-                                server_epoch: coop.epoch,
-                                client_nonce: &nonce,
-                                server_nonce: &server_nonce,
-                                binding: &binding,
-                            };
-                            let signature = coop.key.sign(Role::Server, &t);
-                            PeerResponse::Hello {
-                                name: &coop.me,
-                                epoch: coop.epoch,
-                                nonce: server_nonce,
-                                signature,
-                            }
-                            .encode(h.op, h.request_id, &mut out);
-                            hs = Handshake::Auth {
-                                name: name.to_string(),
-                                epoch,
-                                client_nonce: nonce,
-                                server_nonce,
-                            };
-                        } else {
-                            refuse(
-                                PeerStatus::AUTH_FAILED,
-                                "not a member of this daemon's co-operative group",
-                                &mut out,
-                            );
-                            close = true;
-                        }
-                    }
-                    (
-                        Handshake::Auth { name, epoch, client_nonce, server_nonce },
-                        Ok(PeerRequest::Auth { signature }),
-                    ) => {
-                        let t = Transcript {
-                            client: name,
-                            server: &coop.me,
-                            client_epoch: *epoch,
-                            server_epoch: coop.epoch,
-                            client_nonce,
-                            server_nonce,
-                            binding: &binding,
-                        };
-                        let key = coop.members.get(name).expect("checked at HELLO");
-                        if !t.verify(Role::Client, key, &signature) {
-                            refuse(
-                                PeerStatus::AUTH_FAILED,
-                                "the signature does not prove this name",
-                                &mut out,
-                            );
-                            close = true;
-                        } else if let Some(session) =
-                            slot.take().expect("in the handshake").authenticate(name)
-                        {
-                            _session = Some(session);
-                            coop.hello(&state, name, *epoch);
-                            from = Some((name.clone(), *epoch));
-                            PeerResponse::Done.encode(h.op, h.request_id, &mut out);
-                        } else {
-                            coop.stats.sessions_refused.fetch_add(1, Ordering::Relaxed);
-                            let msg =
-                                "this node holds its maximum of sessions here (coop.max_sessions_per_peer)";
-                            refuse(PeerStatus::BUSY, msg, &mut out);
-                            close = true;
-                        }
-                    }
-                    _ => {
-                        let msg = "the first frames must be HELLO, then AUTH";
-                        refuse(PeerStatus::NOT_AUTHENTICATED, msg, &mut out);
-                        close = true;
-                    }
+                let signature = coop.key.sign(Role::Server, &t);
+                PeerResponse::Hello { name: &coop.me, epoch: coop.epoch, nonce: server_nonce, signature }
+                    .encode(h.op, h.request_id, &mut out);
+                hs = Handshake::Auth { name: name.to_string(), epoch, client_nonce: nonce, server_nonce };
+            }
+            (Handshake::Hello, Ok(PeerRequest::Hello { .. })) => {
+                refuse(PeerStatus::AUTH_FAILED, "not a member of this daemon's co-operative group", &mut out);
+                done = Some(None);
+            }
+            (
+                Handshake::Auth { name, epoch, client_nonce, server_nonce },
+                Ok(PeerRequest::Auth { signature }),
+            ) => {
+                let t = Transcript {
+                    client: name,
+                    server: &coop.me,
+                    client_epoch: *epoch,
+                    server_epoch: coop.epoch,
+                    client_nonce,
+                    server_nonce,
+                    binding: &binding,
+                };
+                let key = coop.members.get(name).expect("checked at HELLO");
+                if !t.verify(Role::Client, key, &signature) {
+                    refuse(PeerStatus::AUTH_FAILED, "the signature does not prove this name", &mut out);
+                    done = Some(None);
+                } else if let Some(session) = slot.authenticate(name) {
+                    coop.hello(state, name, *epoch);
+                    PeerResponse::Done.encode(h.op, h.request_id, &mut out);
+                    rec.sent(&out);
+                    s.write_all(&out).await.ok()?;
+                    return Some((s, name.clone(), *epoch, session));
+                } else {
+                    coop.stats.sessions_refused.fetch_add(1, Ordering::Relaxed);
+                    let msg = "this node holds its maximum of sessions here (coop.max_sessions_per_peer)";
+                    refuse(PeerStatus::BUSY, msg, &mut out);
+                    // The slot went with the refused authentication.
+                    rec.sent(&out);
+                    let _ = s.write_all(&out).await;
+                    return None;
                 }
             }
-            Some((name, epoch)) => coop.handle(&state, name, *epoch, &h, &payload, &mut out),
+            _ => {
+                refuse(PeerStatus::NOT_AUTHENTICATED, "the first frames must be HELLO, then AUTH", &mut out);
+                done = Some(None);
+            }
         }
         rec.sent(&out);
-        if s.write_all(&out).await.is_err() || close {
+        if s.write_all(&out).await.is_err() {
+            return None;
+        }
+        if let Some(end) = done {
+            return end;
+        }
+    }
+}
+
+/// One authenticated node's requests, in order, until it closes, a record fails, it stays silent for
+/// `coop.idle_timeout_ms`, or the daemon stops.
+async fn serve_session(
+    coop: &Coop,
+    state: &ServerState,
+    mut s: Secure,
+    name: &str,
+    epoch: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    rec: &mut crate::capture::Recorder,
+) {
+    let idle = Duration::from_millis(coop.cfg.idle_timeout_ms);
+    let mut out = Vec::new();
+    loop {
+        let (h, payload) = tokio::select! {
+            r = read_frame(coop, &mut s, wire::ABSOLUTE_MAX_PAYLOAD, rec) => match r {
+                Ok(f) => f,
+                Err(Stop::Ended) => return,
+            },
+            _ = tokio::time::sleep(idle) => {
+                coop.stats.sessions_idle_closed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            _ = stop.changed() => return,
+        };
+        out.clear();
+        coop.handle(state, name, epoch, &h, &payload, &mut out);
+        rec.sent(&out);
+        if s.write_all(&out).await.is_err() {
             return;
         }
     }

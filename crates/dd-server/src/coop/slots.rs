@@ -105,9 +105,9 @@ impl PeerSlots {
 impl Handshake {
     /// The handshake proved `name`: its slot becomes one of that node's sessions, or `None` when the
     /// node holds its maximum already (the handshake slot is released either way).
-    pub fn authenticate(self, name: &str) -> Option<Session> {
+    pub fn authenticate(&mut self, name: &str) -> Option<Session> {
         let slots = self.slots.clone();
-        drop(self);
+        self.release();
         let mut g = slots.inner.lock();
         let n = g.sessions.entry(name.to_string()).or_default();
         if *n >= slots.per_peer {
@@ -119,8 +119,9 @@ impl Handshake {
     }
 }
 
-impl Drop for Handshake {
-    fn drop(&mut self) {
+impl Handshake {
+    /// Gives the handshake slot back (at most once: `id` is then no longer in its pool).
+    fn release(&mut self) {
         let mut g = self.slots.inner.lock();
         if let Some(q) = g.handshakes.get_mut(&self.pool) {
             q.remove(&self.id);
@@ -128,6 +129,12 @@ impl Drop for Handshake {
                 g.handshakes.remove(&self.pool);
             }
         }
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
