@@ -79,7 +79,7 @@ pub const COOP_MAX_CONNECTIONS: usize = 64;
 /// Members of the daemon under test (the ghost `bench-b`, the victim `bench-v`, the attacker's
 /// `bench-m`), with the defaults of their handshake slots and sessions.
 pub const COOP_MEMBERS: usize = 3;
-pub const COOP_HANDSHAKES_PER_MEMBER: usize = 4;
+pub const COOP_HANDSHAKES_PER_MEMBER: usize = 16;
 pub const COOP_SESSIONS_PER_PEER: usize = 8;
 /// The frame limit (the default).
 pub const MAX_PAYLOAD: u64 = 2 << 20;

@@ -156,7 +156,8 @@ pub struct CoopConfig {
     #[serde(default = "default_coop_max_connections")]
     pub max_connections: usize,
     /// Peer-listener handshake slots of each membership address (a peer's `addr` IP), which
-    /// connections from other addresses never displace. Default 4.
+    /// connections from other addresses never displace; at least `max_sessions_per_peer`, so that a
+    /// node opening all its sessions at once never displaces its own handshakes. Default 16.
     #[serde(default = "default_coop_handshakes_per_member")]
     pub handshakes_per_member: usize,
     /// Sessions one authenticated node may hold on this listener (its next AUTH is answered `busy`);
@@ -278,7 +279,7 @@ fn default_coop_max_connections() -> usize {
 }
 
 fn default_coop_handshakes_per_member() -> usize {
-    4
+    16
 }
 
 fn default_coop_max_sessions_per_peer() -> usize {
@@ -527,6 +528,12 @@ impl ServerConfig {
                 return Err(invalid(field, "must be at least 1"));
             }
         }
+        if c.handshakes_per_member < c.max_sessions_per_peer {
+            return Err(invalid(
+                "coop.handshakes_per_member",
+                "must be at least coop.max_sessions_per_peer (a peer opening its sessions at once would displace its own handshakes)",
+            ));
+        }
         if !(1..=dd_engine::MAX_HOLDERS).contains(&c.max_holders) {
             return Err(invalid("coop.max_holders", format!("must be 1 to {}", dd_engine::MAX_HOLDERS)));
         }
@@ -633,6 +640,11 @@ mod tests {
             ),
             ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
             ("[coop]\nenabled = true", "coop.enabled"),
+            ("[coop]\nhandshakes_per_member = 4\nmax_sessions_per_peer = 8", "coop.handshakes_per_member"),
+            (
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"a\\u202eb\"",
+                "coop.dedup_group",
+            ),
             ("[engine.mem]\ndedup = true\n[coop]\nenabled = true", "coop.dedup_group"),
             (
                 "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\nkey_file = \"\"",

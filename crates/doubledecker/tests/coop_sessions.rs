@@ -156,3 +156,20 @@ fn regression_a_pooled_session_closed_under_a_request_fails_it() {
     publish(&da, 1);
     assert_eq!(n(&coop(&da), "peer_failures"), 0, "{}", coop(&da));
 }
+
+/// With 4 handshake slots per membership address and 8 sessions per node, a member that opened its
+/// sessions at once (a burst of remote gets on a fresh daemon) displaced its own handshakes, and each
+/// displaced one was a failed request and a back-off. Now every membership address has at least as
+/// many handshake slots as a node may hold sessions (`coop.handshakes_per_member` >=
+/// `coop.max_sessions_per_peer`, checked by the configuration).
+#[test]
+fn regression_a_member_opening_its_sessions_at_once_displaces_its_own_handshakes() {
+    let v = vm(1);
+    let (b, c) = (node("b"), node("c"));
+    let _db = start_node(&b, &[&c], &v, 1024);
+    // Eight connections in their handshake at once (channels open, no HELLO yet), then each completes.
+    let mut conns: Vec<_> = (0..8).map(|_| peer_conn(b.port)).collect();
+    let done =
+        conns.iter_mut().map(|s| peer_handshake(s, "c", 5, &c.key)).filter(|st| *st == Some(0)).count();
+    assert_eq!(done, 8, "handshakes of one member displaced by its own");
+}
