@@ -85,7 +85,8 @@ fn regression_silent_flood_displaces_a_slow_member_handshake() {
     }
     stop.store(true, Ordering::SeqCst);
     let opened: u64 = flood.into_iter().map(|f| f.join().unwrap()).sum();
-    assert!(opened >= 500, "the flood opened only {opened} connections");
+    // Not a rate to meet: only that the flood ran (a listener that keeps up backs it up in its queue).
+    assert!(opened >= 200, "the flood opened only {opened} connections");
     assert_eq!(reached, 13, "publishes through a silent flood ({opened} connections)");
     drop(db);
 }
