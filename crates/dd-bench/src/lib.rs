@@ -15,6 +15,8 @@
 //! * [`tenants`]: VM A's verified load with and without each attack of VM B on the same daemon.
 //! * [`remote`]: remotify and remotified-get latency with two daemons (co-operative de-duplication).
 //! * [`daemon`]: starts and stops a real `doubledecker serve` process for `server` and `soak`.
+//! * [`relay`]: a loopback TCP relay with latency that can cut or inject into a connection (the peer
+//!   attacks of `tenants`, and the daemon's tests).
 //! * [`cpu`]: another process's CPU time from `/proc/<pid>/stat` (what `server` charges each server).
 
 pub mod cpu;
@@ -23,6 +25,7 @@ pub mod dedup;
 pub mod fuse;
 pub mod lab;
 pub mod mrc;
+pub mod relay;
 pub mod remote;
 pub mod server;
 pub mod soak;

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod attacks;
+mod peers;
 
 pub use attacks::Attack;
 
@@ -73,8 +74,13 @@ pub const MAX_CONNECTIONS: usize = 128;
 pub const MAX_CONNECTIONS_PER_VM: usize = 16;
 /// Pools of one VM.
 pub const MAX_POOLS_PER_VM: usize = 256;
-/// Peer-listener connections (the default).
+/// Peer-listener connections in their handshake from non-member addresses (the default).
 pub const COOP_MAX_CONNECTIONS: usize = 64;
+/// Members of the daemon under test (the ghost `bench-b`, the victim `bench-v`, the attacker's
+/// `bench-m`), with the defaults of their handshake slots and sessions.
+pub const COOP_MEMBERS: usize = 3;
+pub const COOP_HANDSHAKES_PER_MEMBER: usize = 16;
+pub const COOP_SESSIONS_PER_PEER: usize = 8;
 /// The frame limit (the default).
 pub const MAX_PAYLOAD: u64 = 2 << 20;
 /// Buffered answers per session (the default).
@@ -152,6 +158,14 @@ pub struct AttackReport {
     pub wrong_pages: u64,
     /// What the attacker did (connections opened, frames sent, pools created, ...).
     pub attacker_actions: u64,
+    /// Peer attacks: the victim peer's publications during the attacked windows, and those that
+    /// reached the daemon under test (at least 95% to pass); 0 for the others.
+    pub publishes_attempted: u64,
+    pub publishes_delivered: u64,
+    /// `peer_inject`: records injected into the victim's sessions, and those refused (the session
+    /// closed with no byte of answer; all of them to pass).
+    pub injected: u64,
+    pub injected_refused: u64,
     /// Attacker-side failures of the attack itself (e.g. a re-registered VM's old session that was
     /// still served: must be 0).
     pub leaks: u64,
@@ -181,23 +195,33 @@ pub struct TenantsReport {
 }
 
 /// The daemon's configuration beyond the data plane: the limits the attacks run into, and a peer
-/// listener with one member that never answers (co-operative de-duplication needs `dedup`; A and B are
-/// each in their own de-duplication domain, outside the co-operative group). It is appended right
-/// after `[engine.mem]`'s capacity, so `dedup` lands in that table.
-pub fn daemon_toml(coop_port: u16, key_file: &str, peer_port: u16, peer_key: &str) -> String {
+/// listener whose members are `peers` (name, port, public key: one that never answers, the victim
+/// peer, the attacker's member; co-operative de-duplication needs `dedup`; A and B are each in their
+/// own de-duplication domain, outside the co-operative group). It is appended right after
+/// `[engine.mem]`'s capacity, so `dedup` lands in that table.
+pub fn daemon_toml(coop_port: u16, key_file: &str, peers: &[(&str, u16, String)]) -> String {
+    let list: Vec<String> = peers
+        .iter()
+        .map(|(n, port, key)| {
+            format!("{{ name = {n:?}, addr = \"127.0.0.1:{port}\", public_key = {key:?} }}")
+        })
+        .collect();
     format!(
         "dedup = true\n[limits]\nmax_connections = {MAX_CONNECTIONS}\nmax_connections_per_vm = {MAX_CONNECTIONS_PER_VM}\n\
          [engine]\nmax_pools_per_vm = {MAX_POOLS_PER_VM}\n\
          [coop]\nenabled = true\nlisten = \"127.0.0.1:{coop_port}\"\nnode_name = \"bench-a\"\n\
          dedup_group = \"peers\"\nkey_file = {key_file:?}\npublish_interval_ms = 3600000\n\
-         peers = [{{ name = \"bench-b\", addr = \"127.0.0.1:{peer_port}\", public_key = {peer_key:?} }}]\n"
+         peers = [{}]\n",
+        list.join(", ")
     )
 }
 
 /// The memory bound of the daemon (see the module comment), bytes above A's baseline.
 pub fn connection_memory_bound() -> u64 {
+    let peer_connections =
+        COOP_MAX_CONNECTIONS + COOP_MEMBERS * (COOP_HANDSHAKES_PER_MEMBER + COOP_SESSIONS_PER_PEER);
     MAX_CONNECTIONS as u64 * (2 * MAX_PAYLOAD + (64 << 10) + WRITE_BUFFER)
-        + COOP_MAX_CONNECTIONS as u64 * ((4 << 10) + (64 << 10))
+        + peer_connections as u64 * ((4 << 10) + 2 * (64 << 10))
 }
 
 /// The page A's thread `t` puts for `key` at `version`: key and version in the first and last 16 bytes.
@@ -398,6 +422,8 @@ pub fn run(o: &TenantsBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Te
     let dir = tempfile::Builder::new().prefix("dd-bench-tenants.").tempdir()?;
     let me = crate::remote::BenchNode::new("bench-a", free_port()?, dir.path())?;
     let ghost = crate::remote::BenchNode::new("bench-b", free_port()?, dir.path())?;
+    let victim = crate::remote::BenchNode::new("bench-v", free_port()?, dir.path())?;
+    let member = crate::remote::BenchNode::new("bench-m", free_port()?, dir.path())?;
     let (a, b) = (BenchVm::new(1), BenchVm::new(2));
     let store = o.threads as u64 * o.keys_per_thread * PS as u64;
     let d = Daemon::start(&DaemonOptions {
@@ -409,10 +435,20 @@ pub fn run(o: &TenantsBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Te
         extra_toml: daemon_toml(
             me.port,
             &me.key_file.display().to_string(),
-            ghost.port,
-            &ghost.key.public_text(),
+            &[
+                ("bench-b", ghost.port, ghost.key.public_text()),
+                ("bench-v", victim.port, victim.key.public_text()),
+                ("bench-m", member.port, member.key.public_text()),
+            ],
         ),
     })?;
+    // The victim peer, 10 ms away each way through a relay an attacker on the path controls.
+    let relay = crate::relay::Relay::start(me.port, peers::VICTIM_DELAY)?;
+    let peer_setup = peers::PeerSetup {
+        victim: peers::start_victim(&o.exe, &victim, &me, relay.port)?,
+        relay,
+        member: dd_coop::identity::parse_secret(&member.key.secret_text()).expect("a key just made"),
+    };
     let pool = Client::connect_tcp(d.tcp, a.id, &a.data_token)?.create_cgroup(PoolOptions {
         kind: PoolKind::Ephemeral,
         spec: Spec::Mem { weight: 100 },
@@ -434,7 +470,7 @@ pub fn run(o: &TenantsBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Te
     let sampling = AtomicBool::new(false);
     let result = std::thread::scope(|s| -> Result<TenantsReport> {
         s.spawn(|| sample_rss(d.pid, &peak, &sampling));
-        let r = run_windows(o, &d, &a, &b, me.port, &mut threads, &peak, progress);
+        let r = run_windows(o, &d, &a, &b, me.port, &peer_setup, &mut threads, &peak, progress);
         sampling.store(true, Ordering::Relaxed);
         r
     })?;
@@ -449,10 +485,12 @@ fn run_windows(
     a: &BenchVm,
     b: &BenchVm,
     coop_port: u16,
+    peer_setup: &peers::PeerSetup,
     threads: &mut [LoadThread],
     peak: &AtomicU64,
     progress: &mut dyn FnMut(&str),
 ) -> Result<TenantsReport> {
+    let member = Arc::new(dd_coop::identity::parse_secret(&peer_setup.member.secret_text()).expect("a key"));
     // Warm-up (unrecorded): every key gets a first version, so most gets hit.
     progress("warm-up: A fills its key space");
     window(o, d, a, threads, o.seconds.min(2.0));
@@ -462,6 +500,7 @@ fn run_windows(
     let mut first = Some(first);
     for &attack in &o.attacks {
         let tally = Arc::new(attacks::Tally::default());
+        let delivery = peers::Delivery::default();
         let mut pairs: Vec<(Window, Window)> = Vec::new();
         let mut attack_peak = 0;
         for _ in 0..o.repeats {
@@ -476,7 +515,9 @@ fn run_windows(
                 admin: d.admin,
                 coop: SocketAddr::from(([127, 0, 0, 1], coop_port)),
                 b: b.clone(),
+                member: member.clone(),
             };
+            let published = AtomicBool::new(false);
             let with = std::thread::scope(|s| {
                 let (stop2, tally2) = (stop.clone(), tally.clone());
                 let h = s.spawn(move || {
@@ -484,7 +525,16 @@ fn run_windows(
                     attack.run(&env, &stop2, &tally2)
                 });
                 std::thread::sleep(ATTACK_LEAD);
+                let publisher = attack.on_peers().then(|| {
+                    s.spawn(|| {
+                        peers::publish_loop(peer_setup, attack == Attack::PeerInject, &published, &delivery)
+                    })
+                });
                 let with = window(o, d, a, threads, o.seconds);
+                published.store(true, Ordering::Relaxed);
+                if let Some(p) = publisher {
+                    p.join().expect("victim publisher");
+                }
                 attack_peak = attack_peak.max(peak.load(Ordering::Relaxed));
                 stop.store(true, Ordering::Relaxed);
                 h.join().expect("attack thread");
@@ -525,7 +575,13 @@ fn run_windows(
             p99_ratios,
             errors,
             wrong_pages,
-            attacker_actions: tally.actions.load(Ordering::Relaxed),
+            // The injections are the attacker's actions of `peer_inject` (made by the publisher).
+            attacker_actions: tally.actions.load(Ordering::Relaxed)
+                + delivery.injected.load(Ordering::Relaxed),
+            publishes_attempted: delivery.attempted.load(Ordering::Relaxed),
+            publishes_delivered: delivery.delivered.load(Ordering::Relaxed),
+            injected: delivery.injected.load(Ordering::Relaxed),
+            injected_refused: delivery.refused.load(Ordering::Relaxed),
             leaks: tally.leaks.load(Ordering::Relaxed),
             peak_rss_mib: attack_peak as f64 / MIB,
         });
@@ -536,6 +592,14 @@ fn run_windows(
     let min_ops_ratio = reports.iter().map(|r| r.ops_ratio).fold(f64::INFINITY, f64::min);
     let min_p99_ratio = reports.iter().map(|r| r.p99_ratio).fold(f64::INFINITY, f64::min);
     let peak_rss = reports.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max);
+    // Peer attacks: the victim reached the daemon under test in at least 95% of its publications, and
+    // every injected record was refused.
+    let peers_held = reports.iter().filter(|r| r.attack.on_peers()).all(|r| {
+        r.publishes_attempted > 0
+            && r.publishes_delivered as f64 >= 0.95 * r.publishes_attempted as f64
+            && r.injected_refused == r.injected
+            && (r.attack != Attack::PeerInject || r.injected > 0)
+    });
     let bound = (baseline_rss + connection_memory_bound()) as f64 / MIB;
     Ok(TenantsReport {
         seconds_per_window: o.seconds,
@@ -547,6 +611,7 @@ fn run_windows(
             && errors == 0
             && wrong_pages == 0
             && leaks == 0
+            && peers_held
             && peak_rss <= bound,
         attacks: reports,
         min_ops_ratio,
@@ -558,6 +623,7 @@ fn run_windows(
         peak_rss_mib: peak_rss,
         rss_bound_mib: bound,
         rss_bound: "A's baseline peak + max_connections x (2 x max_payload + 64 KiB + write_buffer) \
-                    + coop.max_connections x (4 KiB + 64 KiB)",
+                    + (coop.max_connections + members x (handshakes_per_member + max_sessions_per_peer)) \
+                    x (4 KiB + 64 KiB read + 64 KiB record)",
     })
 }

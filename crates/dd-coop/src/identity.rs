@@ -9,7 +9,10 @@
 //! [`transcript`] of both; the client checks it against the key it expects for the node it dialled and
 //! answers AUTH with its own signature over the same transcript (a different role byte, so neither
 //! signature can be replayed as the other). Both nonces are fresh, so a recorded handshake proves
-//! nothing on a later connection.
+//! nothing on a later connection. The handshake runs inside the session's encrypted channel
+//! (`channel`), and the transcript holds that channel's handshake hash: a signature proves the name
+//! for this channel only, so the keys that protect every later frame belong to the node that signed
+//! (issue 30, item 2).
 //!
 //! Invariants: key material is only ever parsed from its documented text form ([`parse_secret`],
 //! [`parse_public`]) and never logged; verification uses `verify_strict` (no malleable signatures).
@@ -105,12 +108,14 @@ pub struct Transcript<'a> {
     pub server_epoch: u64,
     pub client_nonce: &'a [u8; NONCE_LEN],
     pub server_nonce: &'a [u8; NONCE_LEN],
+    /// The encrypted channel's handshake hash (`channel::Channel::binding`).
+    pub binding: &'a [u8; crate::channel::BINDING_LEN],
 }
 
 impl Transcript<'_> {
     fn bytes(&self, role: Role) -> Vec<u8> {
-        let mut v = Vec::with_capacity(160 + self.client.len() + self.server.len());
-        v.extend_from_slice(b"doubledecker peer handshake v2\0");
+        let mut v = Vec::with_capacity(192 + self.client.len() + self.server.len());
+        v.extend_from_slice(b"doubledecker peer handshake v3\0");
         v.push(match role {
             Role::Server => b'S',
             Role::Client => b'C',
@@ -123,6 +128,7 @@ impl Transcript<'_> {
         v.extend_from_slice(&self.server_epoch.to_le_bytes());
         v.extend_from_slice(self.client_nonce);
         v.extend_from_slice(self.server_nonce);
+        v.extend_from_slice(self.binding);
         v
     }
 
@@ -138,6 +144,7 @@ mod tests {
 
     fn t<'a>(c: &'a str, n1: &'a [u8; 32], n2: &'a [u8; 32]) -> Transcript<'a> {
         Transcript {
+            binding: &[6; 32],
             client: c,
             server: "b",
             client_epoch: 1,
@@ -157,6 +164,8 @@ mod tests {
         assert!(!t("a", &n1, &n2).verify(Role::Server, &a.public(), &sig), "the other role");
         assert!(!t("m", &n1, &n2).verify(Role::Client, &a.public(), &sig), "another name");
         assert!(!t("a", &n2, &n1).verify(Role::Client, &a.public(), &sig), "other nonces");
+        let other_channel = Transcript { binding: &[7; 32], ..t("a", &n1, &n2) };
+        assert!(!other_channel.verify(Role::Client, &a.public(), &sig), "another channel");
         let mut bad = sig;
         bad[0] ^= 1;
         assert!(!t("a", &n1, &n2).verify(Role::Client, &a.public(), &bad));

@@ -4,7 +4,8 @@
 //! Bloom filter and publishes it to its peers, so that a frame about to be evicted can be offered to a
 //! peer that probably holds equal content. This crate holds the parts that do not depend on the engine
 //! or on sockets: the summaries ([`bloom`]), the peer-to-peer wire format ([`wire`]) and the
-//! per-node identities peers prove in their handshake ([`identity`]) and the pin table a daemon
+//! per-node identities peers prove in their handshake ([`identity`]), the encrypted channel every peer
+//! session runs in ([`channel`]: Noise through `snow`, bound to the identities), and the pin table a daemon
 //! keeps for its peers ([`pins`]: the state machine, time passed in), the client side's decisions
 //! ([`peers`]: peer choice, back-off, unpin retries, the accept rule of a remotified get) and the
 //! [`transport`] trait they send requests through, and the listener's answer to one authenticated
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
 pub mod bloom;
+pub mod channel;
 pub mod identity;
 pub mod peers;
 pub mod pins;

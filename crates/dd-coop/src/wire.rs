@@ -26,8 +26,9 @@ use crate::identity::{NONCE_LEN, SIGNATURE_LENGTH};
 use thiserror::Error;
 
 pub const MAGIC: [u8; 2] = *b"DP";
-/// Version 2: per-node keys (HELLO with a nonce, AUTH); version 1 had a shared secret.
-pub const VERSION: u8 = 2;
+/// Version 3: every frame inside the encrypted channel (`channel`), whose handshake hash the identity
+/// signatures cover. Version 2 had per-node keys in the clear; version 1 a shared secret.
+pub const VERSION: u8 = 3;
 pub const HEADER_LEN: usize = 20;
 pub const FLAG_RESPONSE: u16 = 1;
 /// The largest payload any peer accepts: a summary of 2^29 bits (64 MiB) plus its header fields.
@@ -92,6 +93,9 @@ impl PeerStatus {
     /// The receiver does not do co-operative de-duplication with this sender (summary of the wrong
     /// size, de-duplication off).
     pub const REFUSED: PeerStatus = PeerStatus(7);
+    /// The node already holds its `coop.max_sessions_per_peer` sessions on this listener: refused at
+    /// AUTH, closed (issue 30, item 1).
+    pub const BUSY: PeerStatus = PeerStatus(8);
 
     /// Whether the listener closes the connection after this answer (a failed handshake, a frame it
     /// cannot read): the session is over, unlike an answer about one request, after which the
@@ -103,6 +107,7 @@ impl PeerStatus {
                 | PeerStatus::NOT_AUTHENTICATED
                 | PeerStatus::TOO_LARGE
                 | PeerStatus::BAD_FRAME
+                | PeerStatus::BUSY
         )
     }
 }

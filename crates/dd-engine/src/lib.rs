@@ -23,7 +23,7 @@
 //! Module map: [`cache`] (public API, eviction, hybrid maintenance, lock order), `pool` (one pool's index
 //! and queues), `order` (FIFO/LRU/CLOCK/S3-FIFO), [`policy`] (entitlements and Algorithm 1),
 //! [`store`] (memory arena and SSD file), [`stats`] (counters and the identity), [`config`], [`error`],
-//! [`types`].
+//! [`types`], [`names`] (what a name given to the system may be).
 
 /// An invariant check: a `debug_assert!` normally, a hard `assert!` with the `strict-invariants`
 /// feature (the test suite's configuration for release-mode runs).
@@ -38,6 +38,7 @@ macro_rules! invariant {
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod names;
 pub(crate) mod order;
 mod page_map;
 pub mod policy;

@@ -30,6 +30,16 @@ pub use status::Status;
 pub const PROTOCOL_VERSION: u8 = 2;
 /// The oldest version this crate can speak.
 pub const MIN_PROTOCOL_VERSION: u8 = 1;
+
+/// The version byte of an answer sent before a session negotiated one (a failed HELLO, a frame whose
+/// header is refused): the client's own version byte when this crate speaks it, so a version-1 client
+/// reads every answer in its version (issue 30, item 4); the newest version otherwise.
+pub fn answer_version(client: Option<u8>) -> u8 {
+    match client {
+        Some(v) if (MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&v) => v,
+        _ => PROTOCOL_VERSION,
+    }
+}
 /// Default largest payload a peer accepts (2 MiB: a full default batch of 256 4 KiB pages plus keys).
 pub const DEFAULT_MAX_PAYLOAD_BYTES: u32 = 2 * 1024 * 1024;
 /// No configuration may raise the payload limit above this (64 MiB).

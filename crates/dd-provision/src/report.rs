@@ -90,8 +90,9 @@ pub struct ReportError {
 }
 
 fn check_name(field: String, n: &str) -> Result<(), ReportError> {
-    if n.is_empty() || n.len() > MAX_NAME_BYTES || n.chars().any(char::is_control) {
-        return Err(ReportError { field, reason: "a name of 1 to 128 bytes without control characters" });
+    if dd_engine::names::name_problem(n, MAX_NAME_BYTES).is_some() {
+        let reason = "a name of 1 to 128 bytes without control, direction or invisible characters";
+        return Err(ReportError { field, reason });
     }
     Ok(())
 }

@@ -387,6 +387,9 @@ async fn add_vm(
 ) -> ApiResult<(StatusCode, Json<VmCredentials>)> {
     host_auth(&s, &headers)?;
     let Json(n) = body?;
+    if let Some(p) = n.dedup_group.as_deref().and_then(crate::config::group_name_problem) {
+        return Err(CacheError::InvalidConfig { field: "dedup_group".into(), reason: p.into() }.into());
+    }
     let (data_token, admin_token) = new_tokens(&s, n.data_token, n.admin_token, None)?;
     let cfg = VmConfig {
         id: n.id,

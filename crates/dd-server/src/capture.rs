@@ -3,7 +3,8 @@
 //!
 //! With `capture.dir` set (or `doubledecker serve --capture-dir`, or `DD_CAPTURE_DIR`), every
 //! data-plane connection and every connection to the peer listener writes what it receives and what
-//! it sends, in order and timed, to a file of its own: `<dir>/<pid>-<data|peer>-<n>.ddcap`. The
+//! it sends (on the peer listener: the frames inside the encrypted channel, in the clear, not its
+//! records), in order and timed, to a file of its own: `<dir>/<pid>-<data|peer>-<n>.ddcap`. The
 //! converter `fuzz/examples/corpus_from_capture.rs` turns these files into inputs of each fuzz target.
 //!
 //! **File format** (little-endian): the 8-byte magic `DDCAPT01`, one byte of channel (0 data plane,
@@ -20,9 +21,13 @@
 //! warning.
 //!
 //! **Cost and exposure**: recording costs one `write` system call per read and per write of a
-//! recorded connection, made on the connection's task. The files hold tokens (the HELLO), pages and
-//! the peers' handshakes in clear, so they are created with mode 0600; this is for test and benchmark
-//! daemons, never for production traffic.
+//! recorded connection, made on the connection's task. The files hold pages and the peers' handshakes
+//! in clear, so the folder is created with mode 0700 and each file with 0600, and the daemon warns
+//! once at start that it records; this is for test and benchmark daemons, never for production
+//! traffic. **Tokens are redacted** (issue 30, item 5): the token of a data-plane connection's first
+//! frame (its HELLO) is written as as many [`REDACTED_BYTE`]s, wherever the reads split it, so a file
+//! keeps every length and offset of the exchange but never a VM's data token. (A fuzz corpus made of
+//! such files replays HELLOs that fail authentication unless the converter puts a token back.)
 //!
 //! Invariant: recording never changes what a connection reads, answers or when it closes; a capture
 //! that cannot be written is dropped, never an error of the connection.
@@ -41,6 +46,11 @@ pub const MAGIC: &[u8; 8] = b"DDCAPT01";
 pub const FILE_HEADER: usize = 8 + 1 + 8;
 /// Bytes of a record's header: direction, microseconds, length.
 pub const RECORD_HEADER: usize = 1 + 8 + 4;
+/// What every byte of a redacted token is written as.
+pub const REDACTED_BYTE: u8 = b'*';
+/// Where a HELLO's token starts in a data-plane stream: the 20-byte header, then `min_version u16,
+/// max_version u16, vm u32`, then the token's `u16` length.
+const HELLO_TOKEN_AT: usize = dd_proto::HEADER_LEN + 10;
 
 /// Which listener a recorded connection came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +105,13 @@ impl Capture {
         if cfg.dir.as_os_str().is_empty() {
             return Ok(None);
         }
-        std::fs::create_dir_all(&cfg.dir)?;
-        tracing::info!(dir = %cfg.dir.display(), "recording connections (capture.dir)");
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&cfg.dir)?;
+        tracing::warn!(
+            dir = %cfg.dir.display(),
+            "recording every connection's bytes (capture.dir): pages and peer handshakes are written \
+             in clear (tokens redacted); for test and benchmark daemons only"
+        );
         Ok(Some(Arc::new(Capture {
             dir: cfg.dir.clone(),
             max_connections: cfg.max_connections,
@@ -132,6 +147,7 @@ impl Capture {
                     limit: self.max_bytes_per_connection,
                     at: Instant::now(),
                     capture: self.clone(),
+                    redact: (channel == Channel::Data).then(Redact::default),
                 }))
             }
             Err(e) => {
@@ -169,6 +185,40 @@ struct Active {
     at: Instant,
     /// Where the total bound is kept.
     capture: Arc<Capture>,
+    /// Finds the HELLO's token in what a data-plane connection receives (`None` on the peer channel).
+    redact: Option<Redact>,
+}
+
+/// Where a data-plane connection's token lies in the bytes it received, found as they come in.
+#[derive(Debug, Default)]
+struct Redact {
+    /// Bytes received so far.
+    seen: usize,
+    /// The stream's first [`HELLO_TOKEN_AT`] bytes (the HELLO's header and fixed fields).
+    prefix: Vec<u8>,
+}
+
+impl Redact {
+    /// Overwrites the token bytes within `bytes`, the next received bytes of the stream.
+    fn apply(&mut self, bytes: &mut [u8]) {
+        let start = self.seen;
+        self.seen += bytes.len();
+        if self.prefix.len() < HELLO_TOKEN_AT {
+            let take = (HELLO_TOKEN_AT - self.prefix.len()).min(bytes.len());
+            self.prefix.extend_from_slice(&bytes[..take]);
+        }
+        // Until the fixed fields are in, the token cannot have started yet.
+        if self.prefix.len() < HELLO_TOKEN_AT || self.prefix[3] != dd_proto::frame::Op::Hello as u8 {
+            return;
+        }
+        let len = u16::from_le_bytes([self.prefix[HELLO_TOKEN_AT - 2], self.prefix[HELLO_TOKEN_AT - 1]]);
+        let (from, to) = (HELLO_TOKEN_AT, HELLO_TOKEN_AT + len as usize);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            if (from..to).contains(&(start + i)) {
+                *b = REDACTED_BYTE;
+            }
+        }
+    }
 }
 
 impl Recorder {
@@ -210,7 +260,11 @@ impl Recorder {
         });
         rec.extend_from_slice(&(a.at.elapsed().as_micros() as u64).to_le_bytes());
         rec.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        let at = rec.len();
         rec.extend_from_slice(bytes);
+        if let (Direction::Received, Some(r)) = (dir, a.redact.as_mut()) {
+            r.apply(&mut rec[at..]);
+        }
         match a.file.write_all(&rec) {
             Ok(()) => a.written += n,
             Err(e) => {
@@ -422,5 +476,38 @@ mod tests {
         let mut bad = data.clone();
         bad[FILE_HEADER] = 9;
         assert!(matches!(parse("t", &bad), Err(CaptureError::Direction { byte: 9, .. })));
+    }
+
+    /// Issue 30, item 5: capture recorded VM data tokens in clear, and created its folder 0755.
+    #[test]
+    fn capture_redacts_tokens_and_creates_its_folder_private() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("made").join("here");
+        let c = capture(&dir, 8, 1 << 20, 1 << 20);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        let token = b"the-secret-data-token-of-vm-1";
+        let mut stream = Vec::new();
+        dd_proto::Request::Hello { min_version: 1, max_version: 2, vm: 1, token }.encode(2, 1, &mut stream);
+        dd_proto::Request::VmStats.encode(2, 2, &mut stream);
+        let mut want = stream.clone();
+        want[HELLO_TOKEN_AT..HELLO_TOKEN_AT + token.len()].fill(REDACTED_BYTE);
+        // Whole, byte by byte, and split inside the length and inside the token.
+        for cuts in [vec![], (1..stream.len()).collect::<Vec<_>>(), vec![29, 35, 50]] {
+            let mut r = c.start(Channel::Data);
+            let mut at = 0;
+            for cut in cuts.into_iter().chain([stream.len()]) {
+                r.received(&stream[at..cut]);
+                at = cut;
+            }
+            drop(r);
+        }
+        for f in files(&dir) {
+            let got = read(&f).stream(Direction::Received);
+            assert_eq!(got, want, "{f:?}");
+            let raw = std::fs::read(&f).unwrap();
+            assert!(!raw.windows(token.len()).any(|w| w == token), "{f:?} holds the token");
+        }
+        assert_eq!(files(&dir).len(), 3);
     }
 }

@@ -151,10 +151,23 @@ pub struct CoopConfig {
     /// Default 2.
     #[serde(default = "default_coop_max_holders")]
     pub max_holders: usize,
-    /// Connections to the peer listener (in their HELLO or authenticated); when all are taken a new one
-    /// displaces the oldest still in its HELLO. Default 64.
+    /// Peer-listener connections in their handshake from addresses outside the membership, together;
+    /// when all are taken a new one displaces the oldest of them (`coop::slots`). Default 64.
     #[serde(default = "default_coop_max_connections")]
     pub max_connections: usize,
+    /// Peer-listener handshake slots of each membership address (a peer's `addr` IP), which
+    /// connections from other addresses never displace; at least `max_sessions_per_peer`, so that a
+    /// node opening all its sessions at once never displaces its own handshakes. Default 16.
+    #[serde(default = "default_coop_handshakes_per_member")]
+    pub handshakes_per_member: usize,
+    /// Sessions one authenticated node may hold on this listener (its next AUTH is answered `busy`);
+    /// the client side opens at most as many to one peer. Default 8.
+    #[serde(default = "default_coop_max_sessions_per_peer")]
+    pub max_sessions_per_peer: usize,
+    /// An authenticated peer session without a frame for this long is closed by the listener; the
+    /// client drops pooled sessions idle for half of it. Default 60000 (60 s).
+    #[serde(default = "default_coop_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
     /// Time from accept to a completed peer HELLO; slower connections are closed. Default 5000.
     #[serde(default = "default_coop_handshake_ms")]
     pub handshake_timeout_ms: u64,
@@ -164,12 +177,12 @@ pub struct CoopConfig {
 }
 
 /// Recording of what data-plane and peer connections exchange, into files the fuzz corpora are made
-/// from (`capture` module, `fuzz/README.md`). The files hold tokens and pages in clear: for test and
-/// benchmark daemons only.
+/// from (`capture` module, `fuzz/README.md`). The files hold pages in clear (tokens redacted): for
+/// test and benchmark daemons only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureConfig {
-    /// Folder of the capture files (created if missing); empty: nothing is recorded.
+    /// Folder of the capture files (created with mode 0700 if missing); empty: nothing is recorded.
     /// `doubledecker serve --capture-dir` (or `DD_CAPTURE_DIR`) overrides it. Default empty.
     pub dir: PathBuf,
     /// Connections recorded per daemon process, the first ones accepted. Default 64.
@@ -246,12 +259,35 @@ pub struct VmConfig {
     pub dedup_group: String,
 }
 
+/// Longest de-duplication group name, bytes.
+pub const MAX_GROUP_NAME_BYTES: usize = 128;
+
+/// Why a VM's de-duplication group name is refused (`dd_engine::names`; empty is no group).
+pub fn group_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return None;
+    }
+    dd_engine::names::name_problem(name, MAX_GROUP_NAME_BYTES)
+}
+
 fn default_coop_max_holders() -> usize {
     2
 }
 
 fn default_coop_max_connections() -> usize {
     64
+}
+
+fn default_coop_handshakes_per_member() -> usize {
+    16
+}
+
+fn default_coop_max_sessions_per_peer() -> usize {
+    8
+}
+
+fn default_coop_idle_timeout_ms() -> u64 {
+    60_000
 }
 
 fn default_coop_handshake_ms() -> u64 {
@@ -447,6 +483,9 @@ impl ServerConfig {
                     return Err(invalid(format!("vms[{i}].{name}"), "above 1 000 000"));
                 }
             }
+            if let Some(p) = group_name_problem(&vm.dedup_group) {
+                return Err(invalid(format!("vms[{i}].dedup_group"), p));
+            }
         }
         Ok(())
     }
@@ -480,11 +519,20 @@ impl ServerConfig {
             ("coop.pin_ttl_ms", c.pin_ttl_ms),
             ("coop.handshake_timeout_ms", c.handshake_timeout_ms),
             ("coop.max_connections", c.max_connections as u64),
+            ("coop.handshakes_per_member", c.handshakes_per_member as u64),
+            ("coop.max_sessions_per_peer", c.max_sessions_per_peer as u64),
+            ("coop.idle_timeout_ms", c.idle_timeout_ms),
             ("coop.etcd.lease_ttl_s", c.etcd.lease_ttl_s),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be at least 1"));
             }
+        }
+        if c.handshakes_per_member < c.max_sessions_per_peer {
+            return Err(invalid(
+                "coop.handshakes_per_member",
+                "must be at least coop.max_sessions_per_peer (a peer opening its sessions at once would displace its own handshakes)",
+            ));
         }
         if !(1..=dd_engine::MAX_HOLDERS).contains(&c.max_holders) {
             return Err(invalid("coop.max_holders", format!("must be 1 to {}", dd_engine::MAX_HOLDERS)));
@@ -501,6 +549,9 @@ impl ServerConfig {
                 "name the de-duplication group whose pages are shared with peers (VMs join it with dedup_group)",
             ));
         }
+        if let Some(p) = group_name_problem(&c.dedup_group) {
+            return Err(invalid("coop.dedup_group", p));
+        }
         c.listen
             .parse::<SocketAddr>()
             .map_err(|_| invalid("coop.listen", "not an address like 127.0.0.1:7413"))?;
@@ -508,13 +559,13 @@ impl ServerConfig {
             return Err(invalid("coop.key_file", "must not be empty"));
         }
         let me = self.coop_node_name();
-        if me.len() > dd_coop::wire::MAX_NAME {
-            return Err(invalid("coop.node_name", "longer than 255 bytes"));
+        if let Some(p) = dd_engine::names::name_problem(&me, dd_coop::wire::MAX_NAME) {
+            return Err(invalid("coop.node_name", format!("{p} (1 to 255 bytes)")));
         }
         let mut names = std::collections::HashSet::new();
         for (i, p) in c.peers.iter().enumerate() {
-            if p.name.is_empty() || p.name.len() > dd_coop::wire::MAX_NAME {
-                return Err(invalid(format!("coop.peers[{i}].name"), "must be 1 to 255 bytes"));
+            if let Some(e) = dd_engine::names::name_problem(&p.name, dd_coop::wire::MAX_NAME) {
+                return Err(invalid(format!("coop.peers[{i}].name"), format!("{e} (1 to 255 bytes)")));
             }
             if p.name == me || !names.insert(p.name.clone()) {
                 return Err(invalid(
@@ -589,6 +640,11 @@ mod tests {
             ),
             ("[[vms]]\nid = 1\ndata_token = \"x\"\nadmin_token = \"0123456789abcdefg\"", "vms[0].data_token"),
             ("[coop]\nenabled = true", "coop.enabled"),
+            ("[coop]\nhandshakes_per_member = 4\nmax_sessions_per_peer = 8", "coop.handshakes_per_member"),
+            (
+                "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"a\\u202eb\"",
+                "coop.dedup_group",
+            ),
             ("[engine.mem]\ndedup = true\n[coop]\nenabled = true", "coop.dedup_group"),
             (
                 "[engine.mem]\ndedup = true\n[coop]\nenabled = true\ndedup_group = \"g\"\nkey_file = \"\"",

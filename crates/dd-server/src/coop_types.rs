@@ -66,6 +66,12 @@ pub struct CoopReport {
     pub references_dropped: u64,
     pub peer_failures: u64,
     pub auth_failures: u64,
+    /// AUTHs answered `busy` (the node held `coop.max_sessions_per_peer` sessions).
+    pub sessions_refused: u64,
+    /// Peer sessions closed after `coop.idle_timeout_ms` without a frame.
+    pub sessions_idle_closed: u64,
+    /// Peer connections closed on a record that failed authentication.
+    pub records_refused: u64,
     /// Successful remotifications: offer taken to pin installed.
     pub remotify_latency: LatencyReport,
     /// Remotified gets that hit: the peer fetch.

@@ -37,6 +37,15 @@ impl Session {
     pub fn vm(&self) -> Option<VmId> {
         self.reg.as_ref().map(|r| r.vm)
     }
+    /// The version byte of an answer to the frame whose header starts `frame`: the negotiated version
+    /// once HELLO succeeded, before it the client's own (`dd_proto::answer_version`).
+    pub fn answer_version(&self, frame: &[u8]) -> u8 {
+        if self.version == 0 {
+            dd_proto::answer_version(frame.get(2).copied())
+        } else {
+            self.version
+        }
+    }
     /// The registration this connection authenticated against.
     pub fn registration(&self) -> Option<&Arc<Registration>> {
         self.reg.as_ref()
@@ -65,7 +74,7 @@ pub fn handle_frame(
 }
 
 fn reply_error(sess: &Session, h: &Header, out: &mut Vec<u8>, status: Status, msg: &str) -> Status {
-    let v = if sess.version == 0 { PROTOCOL_VERSION } else { sess.version };
+    let v = if sess.version == 0 { dd_proto::answer_version(Some(h.version)) } else { sess.version };
     write_error(out, v, h.op, h.request_id, status, msg);
     status
 }

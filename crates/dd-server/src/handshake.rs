@@ -1,5 +1,6 @@
-//! The handshake thread: where the data plane accepts connections and reads their HELLO, apart from
-//! the runtime that serves authenticated sessions.
+//! The handshake thread: where the data plane accepts connections and reads their HELLO, and the peer
+//! listener accepts connections and runs their channel and identity handshake (`coop::serve_peer`),
+//! apart from the runtime that serves authenticated sessions.
 //!
 //! Why a thread of its own: work for a client that has not authenticated is work anyone who can reach
 //! the socket can make the daemon do. On the session runtime it would queue with the sessions' tasks

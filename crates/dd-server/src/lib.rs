@@ -18,6 +18,7 @@
 //! (drain the SSD write queue), remove the socket file, drop the cache.
 
 pub mod admin;
+pub mod admin_listener;
 pub mod admission;
 pub mod auth;
 pub mod capture;
@@ -328,21 +329,28 @@ pub async fn run(
         let coop = coop::Coop::start(&state, cfg.coop.clone(), cfg.coop_node_name(), key)?;
         let _ = state.coop.set(coop.clone());
         let (st, c, stop) = (state.clone(), coop.clone(), stop_rx.clone());
-        // Peer connections have slots of their own (no per-VM cap: every peer counts as one "VM").
-        let peer_slots = admission::Admission::new(
+        // Peer connections have slots of their own (`coop::slots`).
+        let peer_slots = coop::PeerSlots::new(
+            cfg.coop.handshakes_per_member,
             cfg.coop.max_connections,
-            cfg.coop.max_connections,
-            Arc::new(metrics::Metrics::new()),
+            cfg.coop.max_sessions_per_peer,
         );
+        // Accepted and authenticated on the handshake thread, like the data plane's connections;
+        // sessions are served on the session runtime (`coop::serve_peer`).
+        let l = rehome_listener(l.into_std(), &on_hs, TcpListener::from_std)?;
+        let peer_sessions = sessions.clone();
         accept_tasks.push(spawn_accept_loop(
-            &sessions,
+            &on_hs,
             "coop",
             stop_rx.clone(),
             accept_tcp(Arc::new(l)),
             move |s| {
-                // At the limit with no HELLO to displace: the connection is closed at once.
-                if let Some(slot) = peer_slots.accept() {
-                    tokio::spawn(coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot));
+                let Ok(from) = s.peer_addr() else { return };
+                let member = c.is_member_address(from.ip());
+                if let Some(slot) = peer_slots.accept(from.ip(), member) {
+                    let serve =
+                        coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot, peer_sessions.clone());
+                    tokio::spawn(serve);
                 }
             },
         ));
@@ -390,7 +398,7 @@ pub async fn run(
     let router = admin::router(state.clone());
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(async move {
-        axum::serve(admin_listener, router)
+        axum::serve(admin_listener::AdminListener(admin_listener), router)
             .with_graceful_shutdown(async move {
                 let _ = admin_stop.changed().await;
             })

@@ -304,6 +304,13 @@ impl Metrics {
                 ),
                 ("dd_coop_peer_failures", "Failed requests to peers", c.peer_failures),
                 ("dd_coop_auth_failures", "Peer handshakes refused", c.auth_failures),
+                (
+                    "dd_coop_sessions_refused",
+                    "Peer AUTHs answered busy (per-peer session cap)",
+                    c.sessions_refused,
+                ),
+                ("dd_coop_sessions_idle_closed", "Peer sessions closed idle", c.sessions_idle_closed),
+                ("dd_coop_records_refused", "Peer records that failed authentication", c.records_refused),
             ] {
                 reg.register(name, help, counter(v));
             }

@@ -51,7 +51,7 @@ use crate::handler::{begin_session, handle_frame, Flow, Session};
 use crate::handshake::Rehome;
 use crate::state::ServerState;
 use dd_proto::frame::{split_frame, write_error, Op};
-use dd_proto::{Status, HEADER_LEN, MAX_HELLO_PAYLOAD_BYTES, PROTOCOL_VERSION};
+use dd_proto::{Status, HEADER_LEN, MAX_HELLO_PAYLOAD_BYTES};
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -194,7 +194,8 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(state: &ServerState, stream: 
     }
     let (id, op) = frame_ids(&hs[..have]);
     let mut out = Vec::new();
-    write_error(&mut out, PROTOCOL_VERSION, op, id, Status::BUSY, "too many connections");
+    let v = dd_proto::answer_version(hs[..have].get(2).copied());
+    write_error(&mut out, v, op, id, Status::BUSY, "too many connections");
     state.metrics.record_request(op, Status::BUSY);
     if write_or(&mut wr, &out, tokio::time::sleep(wait)).await {
         let _ = wr.shutdown().await;
@@ -249,7 +250,8 @@ where
             Ok(None) => {}
             Err(e) => {
                 let (id, op) = frame_ids(&hs[..have]);
-                write_error(&mut out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
+                let v = sess.answer_version(&hs[..have]);
+                write_error(&mut out, v, op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
                 let deadline = fail_delay(state, &mut stream, &mut slot, &mut shutdown, deadline).await?;
                 rec.sent(&out);
@@ -424,7 +426,7 @@ fn process(state: &ServerState, sess: &mut Session, buf: &[u8], out: &mut Vec<u8
                 if buf.len() >= HEADER_LEN {
                     let (id, op) = frame_ids(buf);
                     let msg = "this session's VM registration was removed or its tokens were replaced";
-                    write_error(out, PROTOCOL_VERSION, op, id, Status::AUTH_FAILED, msg);
+                    write_error(out, sess.answer_version(buf), op, id, Status::AUTH_FAILED, msg);
                     state.metrics.record_request(op, Status::AUTH_FAILED);
                 }
                 state.metrics.connections_revoked.fetch_add(1, Ordering::Relaxed);
@@ -451,7 +453,7 @@ fn process(state: &ServerState, sess: &mut Session, buf: &[u8], out: &mut Vec<u8
             Err(e) => {
                 // The frame boundary is lost (bad magic) or the payload will not be read (too large).
                 let (id, op) = frame_ids(&buf[at..]);
-                write_error(out, PROTOCOL_VERSION, op, id, e.status(), &e.to_string());
+                write_error(out, sess.answer_version(&buf[at..]), op, id, e.status(), &e.to_string());
                 state.metrics.record_request(op, e.status());
                 return (buf.len(), Flow::Close);
             }
@@ -590,5 +592,41 @@ mod tests {
         let (out, _) = drive(&st, &mut sess, &input);
         assert!(sess.registration().is_some());
         check_responses(&st, &out, true).unwrap();
+    }
+
+    /// Issue 30, item 4: `bad_magic` and `frame_too_large` on a version-1 session, and a failed HELLO
+    /// of a version-1 client, were answered with version byte 2.
+    #[test]
+    fn version_one_answers_carry_version_one() {
+        let st = state(16384);
+        let version_of = |out: &[u8]| out[2];
+        // A failed HELLO (wrong token) of a version-1 client.
+        let mut sess = Session::new();
+        let mut input = Vec::new();
+        hello("not-the-token-of-vm-1", &mut input);
+        let (out, _) = drive(&st, &mut sess, &input);
+        let (h, _) = split_frame(&out, u32::MAX).unwrap().unwrap();
+        assert_eq!(h.status(), Status::AUTH_FAILED);
+        assert_eq!(version_of(&out), 1, "failed HELLO");
+        // bad_magic, then frame_too_large, on a version-1 session.
+        for (what, frame) in [
+            ("bad_magic", b"XX\x01\x01\0\0\0\0\x07\0\0\0\0\0\0\0\0\0\0\0".to_vec()),
+            ("frame_too_large", {
+                let mut f = Vec::new();
+                Header { version: 1, op: 3, flags: 0, status: 0, request_id: 7, payload_len: 1 << 30 }
+                    .encode(&mut f);
+                f
+            }),
+        ] {
+            let mut sess = Session::new();
+            let mut input = Vec::new();
+            hello(TOKEN, &mut input);
+            input.extend_from_slice(&frame);
+            let (out, flow) = drive(&st, &mut sess, &input);
+            assert_eq!(flow, Flow::Close, "{what}");
+            let (first, used) = split_frame(&out, u32::MAX).unwrap().unwrap();
+            assert!(first.status().is_ok(), "{what}: HELLO");
+            assert_eq!(version_of(&out[used..]), 1, "{what}: {:?}", &out[used..]);
+        }
     }
 }

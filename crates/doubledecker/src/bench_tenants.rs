@@ -26,7 +26,8 @@ pub struct TenantsArgs {
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Attacks to run (comma-separated; default all): slow_connections, oversized_preauth,
-    /// unread_stats, pool_exhaustion, reregistration, peer_idle.
+    /// unread_stats, pool_exhaustion, reregistration, peer_idle, peer_sessions, peer_flood,
+    /// peer_inject.
     #[arg(long, value_delimiter = ',')]
     attacks: Vec<dd_bench::tenants::Attack>,
     /// Seed of A's key choice, for repeatable runs.
@@ -78,6 +79,16 @@ pub fn run(a: TenantsArgs) -> Result<()> {
                 x.peak_rss_mib
             );
         }
+        for x in r.attacks.iter().filter(|x| x.attack.on_peers()) {
+            outln!(
+                "{:<20} victim peer: {} of {} publications delivered; injected records refused {} of {}",
+                x.attack.name(),
+                x.publishes_delivered,
+                x.publishes_attempted,
+                x.injected_refused,
+                x.injected
+            );
+        }
         outln!("A's errors {}, wrong pages {}, leaks {}", r.errors, r.wrong_pages, r.leaks);
         outln!(
             "daemon RSS: baseline {:.1} MiB, peak {:.1} MiB, bound {:.1} MiB ({})",
@@ -90,7 +101,8 @@ pub fn run(a: TenantsArgs) -> Result<()> {
     if !r.pass {
         bail!(
             "bench tenants: a check failed (ratios >= 0.5: ops {:.2}, p99 {:.2}; errors {}; wrong pages {}; \
-             leaks {}; peak RSS {:.1} <= {:.1} MiB)",
+             leaks {}; peak RSS {:.1} <= {:.1} MiB; peer attacks: publications delivered >= 95%, every \
+             injected record refused)",
             r.min_ops_ratio,
             r.min_p99_ratio,
             r.errors,

@@ -34,7 +34,7 @@ fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
     assert_eq!(st, PeerStatus::NOT_AUTHENTICATED.0);
     assert!(peer_handshake(&mut s, "m", 5, &m.key).is_none(), "closed after a frame before HELLO");
 
-    let compare = |s: &mut std::net::TcpStream, hash: u128, page: &[u8]| {
+    let compare = |s: &mut dd_server::coop::SecureStream, hash: u128, page: &[u8]| {
         let (st, payload) = peer_call(s, &PeerRequest::Compare { hash, page }).unwrap();
         assert_eq!(st, 0);
         match PeerResponse::decode(PeerOp::Compare as u8, &payload, 4096).unwrap() {
@@ -42,7 +42,7 @@ fn peer_listener_authenticates_and_confines_pins_to_their_owner() {
             other => panic!("{other:?}"),
         }
     };
-    let fetch = |s: &mut std::net::TcpStream, pin: u64| {
+    let fetch = |s: &mut dd_server::coop::SecureStream, pin: u64| {
         let (st, payload) = peer_call(s, &PeerRequest::Fetch { pin }).unwrap();
         assert_eq!(st, 0);
         matches!(PeerResponse::decode(PeerOp::Fetch as u8, &payload, 4096).unwrap(), PeerResponse::Fetched(Some(p)) if p == p0.as_slice())
@@ -108,7 +108,7 @@ fn regression_peer_listener_without_deadline_or_limit() {
     let v = vm(1);
     let (b, m) = (node("b"), node("m"));
     let db = start_node(&b, &[&m], &v, 1024);
-    let mut silent: Vec<std::net::TcpStream> = (0..150).map(|_| peer_conn(b.port)).collect();
+    let mut silent: Vec<std::net::TcpStream> = (0..150).map(|_| raw_conn(b.port)).collect();
     // A peer that says HELLO is served although 150 silent connections came first.
     let mut s = peer_conn(b.port);
     let st = peer_handshake(&mut s, "m", 5, &m.key).expect("a HELLO answer past 150 silent connections");

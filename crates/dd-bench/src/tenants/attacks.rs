@@ -2,7 +2,7 @@
 //! the peer listener) for as long as the stop flag is down, as fast as one thread can, and counts what it
 //! did. They are the defects of issue 12, replayed: slow handshakes (4), oversized pre-authentication
 //! frames (3), statistics requests never read (5), pool exhaustion (6), re-registration under an open
-//! session (1) and idle connections to the peer listener (7).
+//! session (1) and idle connections to the peer listener (7); and issue 30's peer attacks (`peers`).
 //!
 //! Invariant: every socket an attack opens goes to 127.0.0.1 (the daemon it was given) and is closed
 //! when the attack returns.
@@ -29,6 +29,9 @@ pub enum Attack {
     PoolExhaustion,
     Reregistration,
     PeerIdle,
+    PeerSessions,
+    PeerFlood,
+    PeerInject,
 }
 
 /// Where the attacks aim.
@@ -38,6 +41,8 @@ pub struct Target {
     pub admin: SocketAddr,
     pub coop: SocketAddr,
     pub b: BenchVm,
+    /// The key of member `bench-m`, which the peer attacker holds.
+    pub member: std::sync::Arc<dd_coop::identity::NodeKey>,
 }
 
 /// What an attack did.
@@ -49,20 +54,28 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn act(&self, n: u64) {
+    pub(super) fn act(&self, n: u64) {
         self.actions.fetch_add(n, Ordering::Relaxed);
     }
 }
 
 impl Attack {
-    pub const ALL: [Attack; 6] = [
+    pub const ALL: [Attack; 9] = [
         Attack::SlowConnections,
         Attack::OversizedPreauth,
         Attack::UnreadStats,
         Attack::PoolExhaustion,
         Attack::Reregistration,
         Attack::PeerIdle,
+        Attack::PeerSessions,
+        Attack::PeerFlood,
+        Attack::PeerInject,
     ];
+
+    /// Whether the victim peer publishes during the attacked window (the peer attacks of issue 30).
+    pub fn on_peers(self) -> bool {
+        matches!(self, Attack::PeerSessions | Attack::PeerFlood | Attack::PeerInject)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -72,6 +85,9 @@ impl Attack {
             Attack::PoolExhaustion => "pool_exhaustion",
             Attack::Reregistration => "reregistration",
             Attack::PeerIdle => "peer_idle",
+            Attack::PeerSessions => "peer_sessions",
+            Attack::PeerFlood => "peer_flood",
+            Attack::PeerInject => "peer_inject",
         }
     }
 
@@ -92,6 +108,18 @@ impl Attack {
                  session keeps asking (an answer to it is a leak)"
             }
             Attack::PeerIdle => "connections to the peer listener that never say anything",
+            Attack::PeerSessions => {
+                "a member holds 64 authenticated sessions on the peer listener while a peer 10 ms away \
+                 publishes through new sessions"
+            }
+            Attack::PeerFlood => {
+                "silent connections from another address, as fast as they open, while a peer 10 ms away \
+                 publishes through new sessions"
+            }
+            Attack::PeerInject => {
+                "a record of the attacker's own (a FETCH) written into a peer's relayed session after each \
+                 of its publications: each must be refused unanswered"
+            }
         }
     }
 
@@ -108,6 +136,15 @@ impl Attack {
             Attack::PoolExhaustion => pools(t, stop, tally),
             Attack::Reregistration => reregistration(t, stop, tally),
             Attack::PeerIdle => hold(stop, tally, super::COOP_MAX_CONNECTIONS, || connect(t.coop)),
+            Attack::PeerSessions => super::peers::hold_sessions(t.coop, &t.member, stop, tally),
+            Attack::PeerFlood => super::peers::flood(t.coop, stop, tally),
+            // The injections are the victim publisher's (`peers::publish_loop`): they follow its
+            // publications.
+            Attack::PeerInject => {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
         }
     }
 }

@@ -43,27 +43,31 @@
 use crate::config::{CoopConfig, Membership};
 use crate::coop_types::{CoopHandle, CoopReport};
 use crate::state::ServerState;
-use dd_coop::identity::{NodeKey, PublicKey, Role, Transcript, NONCE_LEN};
+use dd_coop::identity::{NodeKey, PublicKey, NONCE_LEN};
 use dd_coop::peers::{self, Backoff, Forget, Granted, Liveness, SearchOutcome, UnpinQueue};
 use dd_coop::pins::PinTable;
 use dd_coop::transport::{PeerTransport, TransportError};
-use dd_coop::wire::{self, PeerHeader, PeerRequest, PeerResponse, HEADER_LEN};
+use dd_coop::wire::{self, PeerRequest};
 use dd_coop::BloomFilter;
 use dd_engine::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
 use parking_lot::{Condvar, Mutex, RwLock};
 use rand::{RngCore, SeedableRng};
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::io::Write;
+use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+mod client;
 mod listener;
 mod report;
+mod slots;
 
+pub use client::SecureStream;
 pub use listener::serve_peer;
 pub use report::CoopStats;
+pub use slots::PeerSlots;
 
 enum Job {
     Remotify(Evicted),
@@ -108,11 +112,13 @@ impl RemoteSink for JobQueue {
     }
 }
 
-struct Conn {
-    stream: TcpStream,
-    /// The peer's epoch from this connection's HELLO.
-    epoch: u64,
-    next_id: u64,
+impl Peer {
+    /// Closes the idle sessions (their state is unknown, or the address changed).
+    fn drop_idle(&self) {
+        let mut pool = self.conns.lock();
+        pool.open -= pool.idle.len();
+        pool.idle.clear();
+    }
 }
 
 struct Summary {
@@ -124,7 +130,10 @@ struct Peer {
     name: String,
     addr: RwLock<String>,
     active: AtomicBool,
-    conns: Mutex<Vec<Conn>>,
+    /// Its sessions (`client`: at most `coop.max_sessions_per_peer` open), and the signal that one
+    /// was given back.
+    conns: Mutex<client::Pool>,
+    returned: Condvar,
     summary: RwLock<Option<Summary>>,
     /// Skipped after a failure (`dd_coop::peers::Backoff`: the rule; here its lock).
     backoff: Mutex<Backoff>,
@@ -150,6 +159,8 @@ pub enum PeerError {
     Address(String),
     #[error("peer did not prove its name with the key the membership lists for it")]
     Identity,
+    #[error("peer channel: {0}")]
+    Channel(#[from] dd_coop::channel::ChannelError),
 }
 
 pub struct Coop {
@@ -163,6 +174,9 @@ pub struct Coop {
     epoch: u64,
     page_size: usize,
     peers: RwLock<Vec<Arc<Peer>>>,
+    /// The IP addresses of the live peers' `addr`s: connections from them get handshake slots of
+    /// their own (`slots`).
+    member_ips: RwLock<std::collections::HashSet<std::net::IpAddr>>,
     /// The pins this daemon holds for its peers (`dd_coop::pins`: the rules; here only the lock).
     owners: Mutex<PinTable>,
     /// Unpins that failed on the network, by (peer, epoch): sent again at every publication, so a pin
@@ -198,9 +212,6 @@ impl std::fmt::Debug for Coop {
         f.debug_struct("Coop").field("me", &self.me).field("epoch", &self.epoch).finish_non_exhaustive()
     }
 }
-
-/// Idle connections kept per peer (more concurrent requests open more, closed after use).
-const MAX_POOLED: usize = 8;
 
 /// A peer's failures are logged at most this often (the counters have every one).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -272,6 +283,7 @@ impl Coop {
             epoch,
             page_size: state.cache.page_size(),
             peers: RwLock::new(Vec::new()),
+            member_ips: RwLock::new(Default::default()),
             owners: Mutex::new(PinTable::new()),
             retry_unpins: Mutex::new(UnpinQueue::new()),
             queue: queue.clone(),
@@ -326,6 +338,15 @@ impl Coop {
                 member
             })
             .collect();
+        // Resolved before the lock (a name may take a DNS lookup); an address that does not resolve
+        // gets no reserved slots until the next refresh.
+        let ips = list
+            .iter()
+            .filter(|(n, _)| *n != self.me)
+            .filter_map(|(_, a)| a.to_socket_addrs().ok()?.next())
+            .map(|a| a.ip().to_canonical())
+            .collect();
+        *self.member_ips.write() = ips;
         let mut peers = self.peers.write();
         for p in peers.iter() {
             p.active.store(list.iter().any(|(n, _)| *n == p.name), Ordering::Relaxed);
@@ -339,7 +360,7 @@ impl Coop {
                     let mut a = p.addr.write();
                     if *a != *addr {
                         *a = addr.clone();
-                        p.conns.lock().clear();
+                        p.drop_idle();
                     }
                     p.active.store(true, Ordering::Relaxed);
                 }
@@ -347,7 +368,8 @@ impl Coop {
                     name: name.clone(),
                     addr: RwLock::new(addr.clone()),
                     active: AtomicBool::new(true),
-                    conns: Mutex::new(Vec::new()),
+                    conns: Mutex::new(client::Pool::default()),
+                    returned: Condvar::new(),
                     summary: RwLock::new(None),
                     backoff: Mutex::new(Backoff::default()),
                     liveness: Mutex::new(Liveness::new(Instant::now())),
@@ -355,6 +377,11 @@ impl Coop {
                 })),
             }
         }
+    }
+
+    /// Whether a connection from `ip` comes from a live peer's address (`slots`).
+    pub fn is_member_address(&self, ip: std::net::IpAddr) -> bool {
+        self.member_ips.read().contains(&ip.to_canonical())
     }
 
     fn peer(&self, idx: u32) -> Option<Arc<Peer>> {
@@ -369,45 +396,6 @@ impl Coop {
     // Client side (blocking std sockets with deadlines; called on the remotifier thread, on
     // connection threads inside `block_in_place`, and on the blocking pool)
     // ------------------------------------------------------------------------------------------
-
-    fn connect(&self, peer: &Peer) -> Result<Conn, PeerError> {
-        let addr_s = peer.addr.read().clone();
-        let addr: SocketAddr = addr_s
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| PeerError::Address(addr_s.clone()))?;
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(self.cfg.connect_timeout_ms))?;
-        stream.set_nodelay(true)?;
-        let mut conn = Conn { stream, epoch: 0, next_id: 1 };
-        // The handshake: our nonce; the peer's name, epoch, nonce and signature, checked against the
-        // key the membership lists for the node we dialled; then our own signature.
-        let key = self.members.get(&peer.name).ok_or(PeerError::Identity)?;
-        let nonce = self.nonce();
-        let req = PeerRequest::Hello { name: &self.me, epoch: self.epoch, nonce };
-        let (h, payload) = self.exchange(&mut conn, &req)?;
-        let PeerResponse::Hello { name, epoch, nonce: theirs, signature } =
-            PeerResponse::decode(h.op, &payload, self.page_size)?
-        else {
-            return Err(PeerError::Identity);
-        };
-        let t = Transcript {
-            client: &self.me,
-            server: name,
-            client_epoch: self.epoch,
-            server_epoch: epoch,
-            client_nonce: &nonce,
-            server_nonce: &theirs,
-        };
-        if name != peer.name || !t.verify(Role::Server, key, &signature) {
-            return Err(PeerError::Identity);
-        }
-        let signature = self.key.sign(Role::Client, &t);
-        self.exchange(&mut conn, &PeerRequest::Auth { signature })?;
-        conn.epoch = epoch;
-        self.saw_epoch(peer, epoch);
-        Ok(conn)
-    }
 
     fn nonce(&self) -> [u8; NONCE_LEN] {
         let mut n = [0u8; NONCE_LEN];
@@ -437,30 +425,6 @@ impl Coop {
         self.retry_unpins.lock().forget(idx, dead);
     }
 
-    /// Sends one request and reads its response within the request timeout.
-    fn exchange(&self, conn: &mut Conn, req: &PeerRequest<'_>) -> Result<(PeerHeader, Vec<u8>), PeerError> {
-        let deadline = Instant::now() + self.timeout();
-        let id = conn.next_id;
-        conn.next_id += 1;
-        let mut buf = Vec::with_capacity(HEADER_LEN + 64);
-        req.encode(id, &mut buf);
-        conn.stream.set_write_timeout(Some(self.timeout()))?;
-        conn.stream.write_all(&buf)?;
-        let mut head = [0u8; HEADER_LEN];
-        read_until(&mut conn.stream, &mut head, deadline)?;
-        let max = wire::max_answer_payload(self.page_size) as u32;
-        let h = wire::parse_header(&head, max)?.ok_or(wire::WireError::BadFrame)?;
-        let mut payload = vec![0u8; h.payload_len as usize];
-        read_until(&mut conn.stream, &mut payload, deadline)?;
-        if h.request_id != id || h.op != req.op() as u8 || h.flags & wire::FLAG_RESPONSE == 0 {
-            return Err(wire::WireError::Malformed("response header").into());
-        }
-        if h.status != 0 {
-            return Err(PeerError::Status(h.status));
-        }
-        Ok((h, payload))
-    }
-
     /// One request to a peer over a pooled connection, behind the back-off gate of
     /// `dd_coop::peers` (`Backoff::check`, then `Backoff::record` of a failure: the rule the tests'
     /// fake network uses too). With `epoch`, fails with [`TransportError::EpochChanged`] unless the
@@ -472,19 +436,33 @@ impl Coop {
         epoch: Option<u64>,
     ) -> Result<(u64, Vec<u8>), TransportError> {
         peer.backoff.lock().check(Instant::now())?;
-        let pooled = peer.conns.lock().pop();
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => match self.connect(peer) {
-                Ok(c) => c,
-                Err(e) => return Err(self.failed(peer, &e)),
-            },
+        let (mut conn, reused) = match self.checkout(peer) {
+            Ok(c) => c,
+            Err(e) => return Err(self.failed(peer, &e)),
         };
         if epoch.is_some_and(|e| e != conn.epoch) {
-            peer.conns.lock().push(conn);
+            self.pool(peer, conn);
             return Err(TransportError::EpochChanged);
         }
-        match self.exchange(&mut conn, req) {
+        let mut result = self.exchange(&mut conn, req);
+        // A reused session closed under the request (the peer's idle timeout or restart, a cut path)
+        // says nothing about the peer: the request goes again, once, on a new session (the other idle
+        // ones are as old, so they go too). Every request tolerates being sent twice (`transport`).
+        if reused && result.as_ref().is_err_and(|e| transport_error(e) == TransportError::Closed) {
+            drop(conn);
+            self.closed(peer);
+            peer.drop_idle();
+            conn = match self.checkout(peer) {
+                Ok((c, _)) => c,
+                Err(e) => return Err(self.failed(peer, &e)),
+            };
+            if epoch.is_some_and(|e| e != conn.epoch) {
+                self.pool(peer, conn);
+                return Err(TransportError::EpochChanged);
+            }
+            result = self.exchange(&mut conn, req);
+        }
+        match result {
             Ok((_, payload)) => {
                 let e = conn.epoch;
                 peer.liveness.lock().answered(Instant::now());
@@ -496,16 +474,12 @@ impl Coop {
                 if !peers::starts_backoff(&te) {
                     // An answer about this one request leaves the connection in step: keep it.
                     self.pool(peer, conn);
+                } else {
+                    drop(conn);
+                    self.closed(peer);
                 }
                 Err(te)
             }
-        }
-    }
-
-    fn pool(&self, peer: &Peer, conn: Conn) {
-        let mut pool = peer.conns.lock();
-        if pool.len() < MAX_POOLED {
-            pool.push(conn);
         }
     }
 
@@ -522,7 +496,7 @@ impl Coop {
     }
 
     fn mark_down(&self, peer: &Peer, e: &PeerError) {
-        peer.conns.lock().clear();
+        peer.drop_idle();
         self.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
         // Logged, but at most once per peer every LOG_EVERY (a dead peer fails every request).
         let mut log = peer.log.lock();
@@ -729,25 +703,6 @@ fn transport_error(e: &PeerError) -> TransportError {
         },
         e => TransportError::Other(e.to_string()),
     }
-}
-
-/// `read_exact` bounded by a deadline (the socket timeout is re-armed with the time left).
-fn read_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
-    let mut at = 0;
-    while at < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        s.set_read_timeout(Some(left))?;
-        match s.read(&mut buf[at..]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn remotifier_loop(weak: Weak<Coop>) {

@@ -46,6 +46,12 @@ pub struct CoopStats {
     pub peer_failures: AtomicU64,
     /// Peer-listener handshakes refused (unknown name, or a signature that does not verify).
     pub auth_failures: AtomicU64,
+    /// AUTHs answered `busy`: the node already held `coop.max_sessions_per_peer` sessions.
+    pub sessions_refused: AtomicU64,
+    /// Authenticated sessions closed after `coop.idle_timeout_ms` without a frame.
+    pub sessions_idle_closed: AtomicU64,
+    /// Connections closed on a record that failed authentication (tampered, injected or replayed).
+    pub records_refused: AtomicU64,
     /// Microseconds per successful remotification (from taking the offer to installing the pin) and
     /// per remotified get that hit (the peer fetch, as the connection thread waits for it).
     pub(super) remotify_us: Mutex<Latency>,
@@ -120,6 +126,9 @@ impl Coop {
             references_dropped: l(&s.references_dropped),
             peer_failures: l(&s.peer_failures),
             auth_failures: l(&s.auth_failures),
+            sessions_refused: l(&s.sessions_refused),
+            sessions_idle_closed: l(&s.sessions_idle_closed),
+            records_refused: l(&s.records_refused),
             remotify_latency: s.remotify_us.lock().report(),
             remote_get_latency: s.fetch_us.lock().report(),
             peers,

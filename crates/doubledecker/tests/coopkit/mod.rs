@@ -5,6 +5,7 @@
 use crate::common::{page, Daemon, TestVm, HOST_TOKEN};
 use dd_coop::identity::NodeKey;
 use dd_engine::{Key, PoolId, PoolOptions, Spec};
+use dd_server::coop::SecureStream;
 use std::time::{Duration, Instant};
 
 /// Test daemons' memory: 256 pages, evicted 16 at a time.
@@ -37,6 +38,12 @@ pub fn node(name: &'static str) -> Node {
     Node { name, port: free_port(), key, key_file, _keys: dir }
 }
 
+/// `n` as reached at another port (a relay in front of it): its name and key, `port`.
+pub fn via(n: &Node, port: u16) -> Node {
+    let key = dd_coop::identity::parse_secret(&n.key.secret_text()).unwrap();
+    Node { name: n.name, port, key, key_file: n.key_file.clone(), _keys: tempfile::tempdir().unwrap() }
+}
+
 /// `peers = [...]`: each node's name, address and public key.
 pub fn peers_toml(peers: &[&Node]) -> String {
     let mut t = String::from("peers = [");
@@ -58,12 +65,17 @@ pub fn start_node(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Dae
 
 /// [`start_node`] with the VM in de-dup group `group` ("": its own domain, the default).
 pub fn start_node_in(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64, group: &str) -> Daemon {
-    start_node_as(me, peers, v, mem_pages, group, false)
+    start_node_as(me, peers, v, mem_pages, group, false, "")
+}
+
+/// [`start_node`] with `coop` settings of its own (lines of the `[coop]` table).
+pub fn start_node_with(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64, coop: &str) -> Daemon {
+    start_node_as(me, peers, v, mem_pages, "peers", false, coop)
 }
 
 /// [`start_node`] with the daemon's log kept (`Daemon::log`).
 pub fn start_node_logged(me: &Node, peers: &[&Node], v: &TestVm, mem_pages: u64) -> Daemon {
-    start_node_as(me, peers, v, mem_pages, "peers", true)
+    start_node_as(me, peers, v, mem_pages, "peers", true, "")
 }
 
 fn start_node_as(
@@ -73,6 +85,7 @@ fn start_node_as(
     mem_pages: u64,
     group: &str,
     logged: bool,
+    coop: &str,
 ) -> Daemon {
     let mut extra = format!(
         "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
@@ -82,6 +95,7 @@ fn start_node_as(
         me.name,
         me.key_file.display().to_string()
     );
+    extra.push_str(coop);
     extra.push_str(&peers_toml(peers));
     extra.push_str("[coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n");
     let mem = format!("capacity_bytes = {}\ndedup = true\n", mem_pages * 4096);
@@ -323,33 +337,33 @@ pub fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 's
     }
 }
 
-/// Speaks the peer protocol by hand: one request, one response (status, payload).
-pub fn peer_call(
-    s: &mut std::net::TcpStream,
-    req: &dd_coop::wire::PeerRequest<'_>,
-) -> Option<(u16, Vec<u8>)> {
-    use dd_coop::wire::{parse_header, HEADER_LEN};
-    use std::io::{Read, Write};
+/// Speaks the peer protocol by hand, inside the encrypted channel: one request, one response
+/// (status, payload); `None` when the connection closed instead.
+pub fn peer_call(s: &mut SecureStream, req: &dd_coop::wire::PeerRequest<'_>) -> Option<(u16, Vec<u8>)> {
     let mut buf = Vec::new();
     req.encode(9, &mut buf);
-    s.write_all(&buf).ok()?;
-    let mut head = [0u8; HEADER_LEN];
-    s.read_exact(&mut head).ok()?;
-    let h = parse_header(&head, u32::MAX).unwrap().unwrap();
-    let mut payload = vec![0u8; h.payload_len as usize];
-    s.read_exact(&mut payload).ok()?;
+    s.send(&buf, Duration::from_secs(30)).ok()?;
+    let (h, payload) = s.read_frame(u32::MAX, Instant::now() + Duration::from_secs(30)).ok()?;
     Some((h.status, payload))
 }
 
-pub fn peer_conn(port: u16) -> std::net::TcpStream {
+/// A connection to a peer listener with its encrypted channel open (no identity yet).
+pub fn peer_conn(port: u16) -> SecureStream {
+    let s = raw_conn(port);
+    SecureStream::over(s, Instant::now() + Duration::from_secs(30)).unwrap()
+}
+
+/// A plain TCP connection to a peer listener.
+pub fn raw_conn(port: u16) -> std::net::TcpStream {
     let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s
 }
 
 /// The peer handshake by hand: HELLO as `name` (epoch `epoch`), then AUTH signed with `key` (which
-/// may be another node's). Returns the status of the last answer (None: closed without one).
-pub fn peer_handshake(s: &mut std::net::TcpStream, name: &str, epoch: u64, key: &NodeKey) -> Option<u16> {
+/// may be another node's) over a transcript holding the channel's hash. Returns the status of the
+/// last answer (None: closed without one).
+pub fn peer_handshake(s: &mut SecureStream, name: &str, epoch: u64, key: &NodeKey) -> Option<u16> {
     use dd_coop::identity::{Role, Transcript};
     use dd_coop::wire::{PeerOp, PeerRequest, PeerResponse};
     let nonce = [0x5a; 32];
@@ -362,6 +376,7 @@ pub fn peer_handshake(s: &mut std::net::TcpStream, name: &str, epoch: u64, key: 
     else {
         panic!("not a HELLO answer")
     };
+    let binding = *s.binding();
     let t = Transcript {
         client: name,
         server,
@@ -369,6 +384,7 @@ pub fn peer_handshake(s: &mut std::net::TcpStream, name: &str, epoch: u64, key: 
         server_epoch,
         client_nonce: &nonce,
         server_nonce: &theirs,
+        binding: &binding,
     };
     let signature = key.sign(Role::Client, &t);
     peer_call(s, &PeerRequest::Auth { signature }).map(|(st, _)| st)
