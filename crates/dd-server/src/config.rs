@@ -308,6 +308,43 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ServerError {
     ServerError::Config { field: field.into(), reason: reason.into() }
 }
 
+fn at_line(line: Option<usize>, msg: &str) -> String {
+    match line {
+        Some(l) => format!("line {l}: {msg}"),
+        None => msg.to_string(),
+    }
+}
+
+/// 1-based line of byte offset `at`.
+fn line_of(text: &str, at: usize) -> usize {
+    text[..at.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+/// Byte offset of the key at `path` (table keys, array indices) in `text`, if the text has it.
+fn span_of(text: &str, path: &[String]) -> Option<usize> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut at = None;
+    let mut i = 0;
+    while i < path.len() {
+        let (k, v) = table.get_key_value(&path[i])?;
+        at = k.span().map(|s| s.start).or(at);
+        i += 1;
+        match v {
+            toml_edit::Item::Table(t) => table = t,
+            toml_edit::Item::Value(toml_edit::Value::InlineTable(t)) => table = t,
+            toml_edit::Item::ArrayOfTables(a) if i < path.len() => {
+                let t = a.get(path[i].parse().ok()?)?;
+                at = t.span().map(|s| s.start).or(at);
+                table = t;
+                i += 1;
+            }
+            _ => return at,
+        }
+    }
+    at
+}
+
 /// Merges `over` into `base`: tables recursively, every other value replaced.
 fn merge(base: &mut toml::Value, over: toml::Value) {
     match (base, over) {
@@ -326,14 +363,37 @@ fn merge(base: &mut toml::Value, over: toml::Value) {
 }
 
 impl ServerConfig {
-    /// Parses a configuration text merged over the embedded default. Errors name the field.
+    /// Parses a configuration text merged over the embedded default. Errors name the field's full path
+    /// and, where the text has it, its line.
     pub fn from_toml(text: &str) -> Result<ServerConfig, ServerError> {
         let mut base: toml::Value = toml::from_str(DEFAULT_TOML).expect("embedded default parses");
-        let over: toml::Value = toml::from_str(text).map_err(|e| invalid("(file)", e.message()))?;
+        let over: toml::Value = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start));
+            invalid("(syntax)", at_line(line, e.message()))
+        })?;
         merge(&mut base, over);
-        let cfg: ServerConfig = base.try_into().map_err(|e: toml::de::Error| {
-            // serde reports unknown or mistyped keys in the message; keep it whole.
-            invalid("(file)", e.message().to_string())
+        // The merge loses the text's spans: the path of a bad field comes from the deserializer, its
+        // line from looking the path up in the text.
+        let cfg: ServerConfig = serde_path_to_error::deserialize(base).map_err(|e| {
+            let inner = e.inner().message().to_string();
+            let mut path: Vec<String> = e
+                .path()
+                .iter()
+                .filter_map(|seg| match seg {
+                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                    serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                    _ => None,
+                })
+                .collect();
+            // An unknown field is named by the message; the path may stop at its table.
+            if let Some(key) = inner.strip_prefix("unknown field `").and_then(|r| r.split('`').next()) {
+                if path.last().is_none_or(|l| l != key) {
+                    path.push(key.to_string());
+                }
+            }
+            let line = span_of(text, &path).map(|at| line_of(text, at));
+            let field = if path.is_empty() { "(top level)".to_string() } else { path.join(".") };
+            invalid(field, at_line(line, &inner))
         })?;
         cfg.validate()?;
         Ok(cfg)
@@ -350,7 +410,12 @@ impl ServerConfig {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|e| ServerError::Io(format!("reading {}: {e}", p.display())))?;
-                ServerConfig::from_toml(&text)
+                ServerConfig::from_toml(&text).map_err(|e| match e {
+                    ServerError::Config { field, reason } => {
+                        ServerError::Config { field, reason: format!("{reason} (in {})", p.display()) }
+                    }
+                    e => e,
+                })
             }
         }
     }

@@ -136,7 +136,6 @@ pub enum DiskScheduler {
     Fair,
 }
 
-
 impl DiskModel {
     pub fn access_ns(&self) -> u64 {
         let d = match self.kind {
