@@ -17,7 +17,7 @@
 //! once the VM is removed or its tokens replaced, the old admin token acts on nothing, not even on a VM
 //! registered again under the same id.
 
-use crate::auth::{token_problem, Registration};
+use crate::auth::{token_problem, Registration, TokenKind};
 use crate::config::VmConfig;
 use crate::provisioner::StoredReport;
 use crate::state::{PersistError, ServerState};
@@ -116,19 +116,42 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     ok.then_some(token)
 }
 
-fn unauthorized() -> ApiError {
-    err(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token for this scope")
+/// Which token an endpoint wants.
+#[derive(Clone, Copy)]
+enum Scope {
+    Host,
+    Vm,
+}
+
+/// A 401 that says which token the endpoint wants and which kind it got (never the token).
+fn unauthorized(want: Scope, got: TokenKind) -> ApiError {
+    let want = match want {
+        Scope::Host => "the host admin token",
+        Scope::Vm => "a VM's admin token (the VM is the token's)",
+    };
+    err(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        format!("this endpoint wants {want}; the request has {got}"),
+    )
 }
 
 fn host_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<()> {
     match bearer(headers) {
         Some(t) if state.registry.is_host(t) => Ok(()),
-        _ => Err(unauthorized()),
+        t => Err(unauthorized(Scope::Host, state.registry.kind_of(t))),
     }
 }
 
 fn vm_auth(state: &ServerState, headers: &HeaderMap) -> ApiResult<Arc<Registration>> {
-    bearer(headers).and_then(|t| state.registry.authenticate_admin(t)).ok_or_else(unauthorized)
+    let t = bearer(headers);
+    t.and_then(|t| state.registry.authenticate_admin(t))
+        .ok_or_else(|| unauthorized(Scope::Vm, state.registry.kind_of(t)))
+}
+
+/// The 401 of a registration revoked while its request ran.
+fn revoked(reg: &Registration) -> ApiError {
+    unauthorized(Scope::Vm, TokenKind::Retired(reg.vm))
 }
 
 /// Runs a VM-scope engine call on the blocking pool, inside the registration of the request's admin
@@ -141,7 +164,7 @@ async fn vm_scoped<T: Send + 'static>(
     let reg = vm_auth(state, headers)?;
     let st = state.clone();
     tokio::task::spawn_blocking(move || {
-        let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+        let Some(_live) = reg.enter() else { return Err(revoked(&reg)) };
         f(&st, reg.vm).map_err(ApiError::from)
     })
     .await
@@ -632,13 +655,13 @@ async fn put_own_report(
     let reg = vm_auth(&s, &headers)?;
     let Json(r) = body?;
     r.validate().map_err(|e| err(StatusCode::BAD_REQUEST, "invalid_report", e.to_string()))?;
-    let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+    let Some(_live) = reg.enter() else { return Err(revoked(&reg)) };
     Ok(Json(s.provisioner.put(reg.vm, r)))
 }
 
 async fn get_own_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<StoredReport>> {
     let reg = vm_auth(&s, &headers)?;
-    let Some(_live) = reg.enter() else { return Err(unauthorized()) };
+    let Some(_live) = reg.enter() else { return Err(revoked(&reg)) };
     s.provisioner.get(reg.vm).map(Json).ok_or_else(no_report)
 }
 

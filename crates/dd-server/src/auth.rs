@@ -20,14 +20,15 @@
 //!   at least 16 printable characters; the salt keeps a stolen registrations file from being matched
 //!   against precomputed tables. A presented token is hashed once and compared with every candidate.
 //!
-//! Locks: the registry's map lock is a leaf and never held across an engine call or a revocation; a
-//! registration's gate (`enter`/`revoke`) is taken before any engine lock.
+//! Locks: the registry's map lock and its list of retired token hashes (kept only so that a refused
+//! request can be told which VM its token was: [`Registry::kind_of`]) are leaves, never held together
+//! nor across an engine call or a revocation; a registration's gate (`enter`/`revoke`) is taken before any engine lock.
 
 use dd_engine::VmId;
 use parking_lot::{RwLock, RwLockReadGuard};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
@@ -132,6 +133,44 @@ pub struct Registry {
     host_token: Stored,
     vms: RwLock<BTreeMap<VmId, Arc<Registration>>>,
     next_generation: AtomicU64,
+    /// Hashes of tokens of removed VMs and of replaced tokens, newest last, at most [`RETIRED_KEPT`]:
+    /// only so that a 401 can say "this token was VM n's" ([`Registry::kind_of`]).
+    retired: parking_lot::Mutex<VecDeque<(TokenHash, VmId)>>,
+}
+
+/// Retired token hashes kept for error messages (64 bytes each with the id).
+pub const RETIRED_KEPT: usize = 1024;
+
+/// What a presented token is, for the message of a refused request: which kind an endpoint got (never
+/// the token itself). Only computed once a request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// No `Authorization: Bearer` header, or a malformed one.
+    Missing,
+    Host,
+    VmAdmin(VmId),
+    VmData(VmId),
+    /// A token of a VM that was removed, or one replaced since.
+    Retired(VmId),
+    /// A token this daemon does not know.
+    Unknown,
+}
+
+impl std::fmt::Display for TokenKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenKind::Missing => f.write_str("no bearer token (want `Authorization: Bearer TOKEN`)"),
+            TokenKind::Host => f.write_str("the host admin token"),
+            TokenKind::VmAdmin(v) => write!(f, "the admin token of VM {}", v.0),
+            TokenKind::VmData(v) => {
+                write!(f, "the data-plane token of VM {} (for the data plane, not the admin API)", v.0)
+            }
+            TokenKind::Retired(v) => {
+                write!(f, "a token VM {} no longer has (the VM was removed or its tokens replaced)", v.0)
+            }
+            TokenKind::Unknown => f.write_str("a token this daemon does not know"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Stored {
@@ -169,6 +208,7 @@ impl Registry {
             host_token: Stored(TokenHash([0; 32])),
             vms: RwLock::new(BTreeMap::new()),
             next_generation: AtomicU64::new(1),
+            retired: parking_lot::Mutex::new(VecDeque::new()),
         };
         r.host_token = Stored(r.hash(host_token.as_bytes()));
         r
@@ -213,6 +253,37 @@ impl Registry {
         found
     }
 
+    /// What `token` is (see [`TokenKind`]); `None` is [`TokenKind::Missing`].
+    pub fn kind_of(&self, token: Option<&[u8]>) -> TokenKind {
+        let Some(token) = token else { return TokenKind::Missing };
+        let h = self.hash(token);
+        if self.host_token.matches(&h) {
+            return TokenKind::Host;
+        }
+        for r in self.vms.read().values() {
+            if r.admin_token.matches(&h) {
+                return TokenKind::VmAdmin(r.vm);
+            }
+            if r.data_token.matches(&h) {
+                return TokenKind::VmData(r.vm);
+            }
+        }
+        let retired = self.retired.lock();
+        match retired.iter().rev().find(|(t, _)| Stored(*t).matches(&h)) {
+            Some((_, vm)) => TokenKind::Retired(*vm),
+            None => TokenKind::Unknown,
+        }
+    }
+
+    fn retire(&self, old: &Registration) {
+        let mut retired = self.retired.lock();
+        retired.push_back((old.data_token.0, old.vm));
+        retired.push_back((old.admin_token.0, old.vm));
+        while retired.len() > RETIRED_KEPT {
+            retired.pop_front();
+        }
+    }
+
     /// Whether a token is already in use anywhere (tokens must be unique). `except` skips one VM's
     /// registration (its tokens are being replaced).
     pub fn token_in_use(&self, token: &str, except: Option<VmId>) -> bool {
@@ -249,6 +320,7 @@ impl Registry {
         });
         let old = self.vms.write().insert(vm, reg.clone());
         if let Some(old) = old {
+            self.retire(&old);
             old.revoke();
         }
         reg
@@ -268,6 +340,7 @@ impl Registry {
         let old = self.vms.write().remove(&vm);
         match old {
             Some(r) => {
+                self.retire(&r);
                 r.revoke();
                 true
             }

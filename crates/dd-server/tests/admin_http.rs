@@ -109,3 +109,43 @@ fn names_with_hidden_characters_or_too_long_are_refused() {
     let (code, answer) = post_vm(addr, r#"{"id": 30, "dedup_group": "tenants-é"}"#);
     assert_eq!(code, 201, "{answer}");
 }
+
+fn get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+    exchange(addr, req.as_bytes())
+}
+
+/// Issue 31: every token mistake got the same `401 missing or invalid bearer token for this scope`.
+/// Now the answer says which token the endpoint wants and which kind it got, never the token itself.
+#[test]
+fn regression_every_token_mistake_got_the_same_401() {
+    let (_rt, _dir, addr) = serve();
+    let (data, admin) = ("vm-seven-data-0123456789", "vm-seven-admin-0123456789");
+    let (code, answer) =
+        post_vm(addr, &format!(r#"{{"id": 7, "data_token": "{data}", "admin_token": "{admin}"}}"#));
+    assert_eq!(code, 201, "{answer}");
+    let cases: [(&str, Option<&str>, &str, &str); 6] = [
+        ("/v1/vms", None, "wants the host admin token", "no bearer token"),
+        ("/v1/vms", Some(admin), "wants the host admin token", "the admin token of VM 7"),
+        ("/v1/vm/pools", Some(HOST), "wants a VM's admin token", "the host admin token"),
+        ("/v1/vm/pools", Some(data), "wants a VM's admin token", "the data-plane token of VM 7"),
+        ("/v1/vm/pools", Some("someone-elses-token-01"), "wants a VM's admin token", "does not know"),
+        ("/v1/vms", Some("someone-elses-token-01"), "wants the host admin token", "does not know"),
+    ];
+    for (path, token, want, got) in cases {
+        let (code, answer) = get(addr, path, token);
+        assert_eq!(code, 401, "{path} {token:?}: {answer}");
+        assert!(answer.contains(want) && answer.contains(got), "{path} {token:?}: {answer}");
+        assert!(token.is_none_or(|t| !answer.contains(t)), "the answer echoes the token: {answer}");
+    }
+    // A removed VM's token says so.
+    let del = format!(
+        "DELETE /v1/vms/7 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {HOST}\r\nConnection: close\r\n\r\n"
+    );
+    let (code, answer) = exchange(addr, del.as_bytes());
+    assert!(code == 200 || code == 204, "{code} {answer}");
+    let (code, answer) = get(addr, "/v1/vm/pools", Some(admin));
+    assert_eq!(code, 401, "{answer}");
+    assert!(answer.contains("VM 7 no longer has"), "{answer}");
+}
