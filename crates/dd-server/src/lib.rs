@@ -154,14 +154,18 @@ fn raise_nofile(need: u64) {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called (inside a runtime),
+/// not when the future is first polled: a daemon that has said it serves must drain on a signal that
+/// comes at once (before, a SIGTERM right after the ready line killed it without draining).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }
 

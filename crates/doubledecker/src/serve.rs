@@ -66,7 +66,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .thread_name("dd-serve")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(dd_server::run(cfg, dd_server::shutdown_signal(), |b| {
+    let signal = {
+        let _in = rt.enter();
+        dd_server::shutdown_signal()
+    };
+    rt.block_on(dd_server::run(cfg, signal, |b| {
         let tcp = b.tcp.map_or("off".to_string(), |a| a.to_string());
         let unix = b.unix.as_ref().map_or("off".to_string(), |p| p.display().to_string());
         errln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API http://{}", b.admin);
