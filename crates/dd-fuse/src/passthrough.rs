@@ -2,8 +2,9 @@
 //! invalidations that keep shared mappings coherent (issue 13).
 //!
 //! Owns: extended attributes (`getxattr`, `setxattr`, `listxattr`, `removexattr` on an inode's
-//! `/proc/self/fd/N` name, which leads to the file itself, a symlink's own inode included), special nodes (`mknod` of FIFOs, sockets and regular files;
-//! device nodes are refused: a container must not create a device on the host's backing directory),
+//! `/proc/self/fd/N` name, which leads to the file itself, a symlink's own inode included), special nodes
+//! (`mknod` of FIFOs, sockets, regular files and whiteouts; device nodes are refused: a container must
+//! not create a device on the host's backing directory),
 //! and [`KernelCache`], the thread that tells the kernel to drop its cached pages of a file.
 //!
 //! Why a thread: a FUSE invalidation must not be sent from the handler of a request on the same file
@@ -85,16 +86,18 @@ pub fn remove(path: &Path, name: &OsStr) -> Result<(), Errno> {
     }
 }
 
-/// Creates a FIFO, a socket or an empty regular file `name` in the directory `dir` (`mode` with its
-/// type bits; the thread's umask applies). Device nodes are refused with `EPERM`.
-pub fn mknod(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<(), Errno> {
+/// Creates a FIFO, a socket, an empty regular file or a whiteout (character device 0:0, which the kernel
+/// lets anyone make: overlayfs's mark of a removed file) `name` in the directory `dir` (`mode` with its
+/// type bits; the thread's umask applies). Other device nodes are refused with `EPERM`.
+pub fn mknod(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, mode: u32, rdev: u32) -> Result<(), Errno> {
     use nix::sys::stat::{Mode, SFlag};
     let kind = mode & libc::S_IFMT;
-    if !matches!(kind, libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG | 0) {
+    let whiteout = kind == libc::S_IFCHR && rdev == 0;
+    if !whiteout && !matches!(kind, libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG | 0) {
         return Err(Errno::EPERM);
     }
     let kind = if kind == 0 { SFlag::S_IFREG } else { SFlag::from_bits_truncate(kind) };
-    // dev 0: no device nodes are made.
+    // dev 0: no device node but the whiteout is made.
     nix::sys::stat::mknodat(dir, name, kind, Mode::from_bits_truncate(mode & 0o7777), 0)
         .map_err(|e| Errno::from_i32(e as i32))
 }

@@ -162,6 +162,7 @@ cases!(
     regression_renameat2_exchanges_and_refuses_to_replace,
     copy_file_range_copies_and_invalidates_the_destination,
     regression_paths_near_path_max_work,
+    regression_a_whiteout_can_be_made_and_no_other_device_on_the_mount,
 );
 
 mod cases {
@@ -378,6 +379,23 @@ mod cases {
         check(read_all(&fd)? == want, || "the destination reads old bytes".into())
     }
 
+    pub fn regression_a_whiteout_can_be_made_and_no_other_device_on_the_mount(d: &Path) -> Outcome {
+        use nix::sys::stat::{mknod, SFlag};
+        let w = d.join("whiteout");
+        nx("mknod c 0 0", mknod(&w, SFlag::S_IFCHR, Mode::from_bits_truncate(0o644), 0))?;
+        let m = io("lstat", std::fs::symlink_metadata(&w))?;
+        check(m.rdev() == 0 && m.mode() & libc::S_IFMT == libc::S_IFCHR, || format!("{m:?}"))?;
+        // A real device: made locally (root), refused by the mount (README).
+        let dev = mknod(
+            &d.join("null"),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o644),
+            nix::sys::stat::makedev(1, 3),
+        );
+        let mounted = d.file_name().is_some_and(|n| n == "mnt");
+        check(dev.is_ok() != mounted, || format!("mknod c 1 3 gave {dev:?}"))
+    }
+
     pub fn regression_paths_near_path_max_work(d: &Path) -> Outcome {
         let name = "n".repeat(200);
         let mut p = d.to_path_buf();
@@ -437,4 +455,32 @@ fn regression_a_mount_killed_with_files_open_serves_again_after_a_restart() {
     assert!(old.read_at(&mut buf, 0).is_err(), "the old descriptor still reads");
     let said = std::fs::read_to_string(&log).unwrap();
     assert_eq!(said.matches("detached it").count(), 1, "one log line on the dead mount point: {said}");
+}
+
+/// The descriptor budget (issue 29): each inode the kernel knows holds one descriptor, closed when the
+/// kernel forgets it (here: the files are removed), so a mount's descriptors follow what the kernel
+/// caches, not every file ever seen.
+#[test]
+fn inode_descriptors_are_closed_when_the_kernel_forgets_the_inodes() {
+    let test = "inode_descriptors_are_closed_when_the_kernel_forgets_the_inodes";
+    if !fuse_here(test) {
+        return;
+    }
+    let place = Place::new(true);
+    let pid = place._mount.as_ref().unwrap().proc_.child.as_ref().unwrap().id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let before = fds();
+    for i in 0..500 {
+        std::fs::write(place.dir.join(format!("f{i}")), b"x").unwrap();
+    }
+    assert!(fds() >= before + 500, "one descriptor per inode the kernel knows: {} after {before}", fds());
+    for i in 0..500 {
+        std::fs::remove_file(place.dir.join(format!("f{i}"))).unwrap();
+    }
+    // Forgets are sent by the kernel asynchronously: a bound, not a timing assertion.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fds() > before + 10 {
+        assert!(Instant::now() < deadline, "descriptors still held: {} (were {before})", fds());
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -471,11 +471,11 @@ impl Filesystem for DdFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         let made = self.inode(parent).and_then(|p| {
-            with_umask(umask, mode, |mode| passthrough::mknod(p.fd(), name, mode))?;
+            with_umask(umask, mode, |mode| passthrough::mknod(p.fd(), name, mode, rdev))?;
             self.give_to_caller(&p, name, req)?;
             self.entry(&p, name)
         });
