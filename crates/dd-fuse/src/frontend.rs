@@ -9,15 +9,19 @@
 //! from C's pool (exclusive: the pool forgets them), then reads the rest from the backing file (one
 //! request per contiguous run, each delayed by `backing_read_latency_us`), and fills C's first level;
 //! pages pushed out of it are put to C's pool. A write goes to the backing file, then drops the pages it
-//! covers from every first level and flushes them from every pool that may hold them. Truncation,
-//! unlink, an overwriting rename and a change of the backing file behind the mount's back drop and
-//! flush the whole object. An object read by another container than its owner migrates: its
-//! first-level pages move to the new owner's first level and its pool pages with MIGRATE_OBJECT.
+//! covers from every first level and flushes them from every pool that may hold them; so does every
+//! other change of bytes through the mount, by [`Frontend::change_range`] under the same exclusive lock:
+//! `fallocate` punching a hole or zeroing a range (that range), collapsing or inserting one (from the
+//! offset to the end: the bytes move; FUSE itself refuses these two today), a `copy_file_range`
+//! destination (the range copied). Truncation, unlink, an overwriting rename and a change of the
+//! backing file behind the mount's back drop and flush the whole object. An object read by another
+//! container than its owner migrates: its first-level pages move to the new owner's first level and
+//! its pool pages with MIGRATE_OBJECT.
 //!
 //! Coherence (a reader sees what the backing file holds, for changes made through the mount): every
 //! object has a reader-writer lock and a write generation. Reads (lookups, pool gets, backing reads and
-//! first-level fills) hold it shared; writes, truncation, invalidation and migration hold it
-//! exclusively and bump the generation. A first-level page remembers the generation it was filled at;
+//! first-level fills) hold it shared; writes, other changes of bytes (`change_range`), truncation,
+//! invalidation and migration hold it exclusively and bump the generation. A first-level page remembers the generation it was filled at;
 //! a page evicted later is put to a pool only under the shared lock and only if the generation is
 //! unchanged, so a put can never re-insert a page that a write has invalidated since it was read.
 //! Changes made to the backing directory directly are detected by the (inode, size, mtime, ctime) stamp
@@ -572,16 +576,7 @@ impl Frontend {
         append: bool,
     ) -> std::io::Result<usize> {
         let _w = obj.lock.write();
-        // A change behind the mount's back since the last read must not be blessed by this write's stamp.
-        let before = Stamp::of(&file.metadata()?);
-        let known = *obj.stamp.lock();
-        if known != Some(before) {
-            obj.generation.fetch_add(1, Ordering::AcqRel);
-            self.invalidate_locked(obj, None);
-            if known.is_some() {
-                self.changed(obj, 0, 0);
-            }
-        }
+        self.revalidate_locked(obj, file)?;
         let n = file.write_at(data, offset)?;
         let m = file.metadata()?;
         let start = if append { m.size().saturating_sub(n as u64) } else { offset };
@@ -592,6 +587,54 @@ impl Frontend {
         }
         *obj.stamp.lock() = Some(Stamp::of(&m));
         Ok(n)
+    }
+
+    /// Before a change through the mount (exclusive lock held): a change behind the mount's back since
+    /// the last read must not be blessed by the stamp taken after this one, so it drops the whole object.
+    fn revalidate_locked(&self, obj: &Object, file: &File) -> std::io::Result<()> {
+        let before = Stamp::of(&file.metadata()?);
+        let known = *obj.stamp.lock();
+        if known != Some(before) {
+            obj.generation.fetch_add(1, Ordering::AcqRel);
+            self.invalidate_locked(obj, None);
+            if known.is_some() {
+                self.changed(obj, 0, 0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` (a change of the bytes `offset..offset + len` of the object's backing file `file`, or
+    /// from `offset` to the end with `len` `None`: fallocate's punch, zero, collapse and insert, a
+    /// copy_file_range destination) under the object's exclusive lock, then drops and flushes the
+    /// pages of that range, as [`Frontend::write`] does for the bytes it wrote.
+    pub fn change_range<T>(
+        &self,
+        obj: &Object,
+        file: &File,
+        offset: u64,
+        len: Option<u64>,
+        f: impl FnOnce() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        let _w = obj.lock.write();
+        self.revalidate_locked(obj, file)?;
+        let r = f();
+        obj.generation.fetch_add(1, Ordering::AcqRel);
+        let ps = PAGE_SIZE as u64;
+        let last = match len {
+            Some(0) => None,
+            Some(n) => Some(offset.saturating_add(n - 1) / ps),
+            None => Some(u64::MAX),
+        };
+        if let Some(last) = last {
+            self.invalidate_locked(obj, Some((offset / ps, last)));
+        }
+        // A failed call may have changed part of the range: the next read compares a fresh stamp.
+        *obj.stamp.lock() = match (&r, file.metadata()) {
+            (Ok(_), Ok(m)) => Some(Stamp::of(&m)),
+            _ => None,
+        };
+        r
     }
 
     /// Runs `f` (a truncation, unlink or overwriting rename of the object's backing file) under the
@@ -683,72 +726,4 @@ fn read_full_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Re
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// A frontend without a daemon over one backing file holding `data`, read by the unattributed
-    /// container.
-    struct Setup {
-        _dir: tempfile::TempDir,
-        path: std::path::PathBuf,
-        fe: Frontend,
-        c: Arc<Container>,
-        f: File,
-        obj: Arc<Object>,
-    }
-
-    fn setup(data: &[u8], budget_pages: u64) -> Setup {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::File::create(&path).unwrap().write_all(data).unwrap();
-        let cfg =
-            FuseConfig { default_budget_bytes: budget_pages * PAGE_SIZE as u64, ..FuseConfig::default() };
-        let fe = Frontend::new(cfg).unwrap();
-        let c = fe.container_for_pid(0);
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let obj = fe.object(f.metadata().unwrap().ino());
-        Setup { _dir: dir, path, fe, c, f, obj }
-    }
-
-    #[test]
-    fn reads_hit_the_first_level_and_writes_invalidate_it() {
-        let data: Vec<u8> = (0..3 * PAGE_SIZE + 100).map(|i| (i % 251) as u8).collect();
-        let Setup { _dir: _d, path: p, fe, c, f, obj } = setup(&data, 16);
-        assert_eq!(fe.read(&c, &obj, &f, 0, data.len()).unwrap(), data);
-        assert_eq!(fe.read(&c, &obj, &f, 10, 5000).unwrap(), &data[10..5010]);
-        let s = &fe.stats()[0];
-        assert_eq!((s.backing_pages, s.backing_reads), (4, 1));
-        assert_eq!(s.l1_hits, 2);
-        // A write through the frontend is what the next read sees.
-        fe.write(&obj, &f, PAGE_SIZE as u64 - 2, b"XYZW", false).unwrap();
-        let got = fe.read(&c, &obj, &f, 0, data.len()).unwrap();
-        assert_eq!(&got[PAGE_SIZE - 2..PAGE_SIZE + 2], b"XYZW");
-        assert_eq!(got, std::fs::read(&p).unwrap());
-        // Reads past the end are empty; a truncation is seen.
-        assert!(fe.read(&c, &obj, &f, 10 * PAGE_SIZE as u64, 10).unwrap().is_empty());
-        fe.change_whole(&obj, || f.set_len(10)).unwrap();
-        assert_eq!(fe.read(&c, &obj, &f, 0, 4096).unwrap(), &data[..10]);
-    }
-
-    #[test]
-    fn changes_behind_the_mounts_back_are_seen() {
-        let Setup { _dir: _d, path: p, fe, c, f, obj } = setup(&[1u8; 2 * PAGE_SIZE], 16);
-        assert_eq!(fe.read(&c, &obj, &f, 0, 8).unwrap(), vec![1u8; 8]);
-        // A different size changes the stamp whatever the timestamp granularity.
-        std::fs::write(&p, vec![2u8; 3 * PAGE_SIZE]).unwrap();
-        assert_eq!(fe.read(&c, &obj, &f, 0, 8).unwrap(), vec![2u8; 8]);
-    }
-
-    #[test]
-    fn first_level_stays_within_budget_and_counts_drops_without_a_pool() {
-        let Setup { _dir: _d, fe, c, f, obj, .. } = setup(&[7u8; 10 * PAGE_SIZE], 4);
-        for i in 0..10u64 {
-            assert_eq!(fe.read(&c, &obj, &f, i * PAGE_SIZE as u64, PAGE_SIZE).unwrap(), vec![7u8; PAGE_SIZE]);
-        }
-        let s = &fe.stats()[0];
-        assert_eq!(s.l1_pages, 4);
-        assert_eq!(s.puts_dropped, 6);
-        assert_eq!(s.puts, 0);
-    }
-}
+mod tests;

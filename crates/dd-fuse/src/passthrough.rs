@@ -1,9 +1,10 @@
 //! What the mount passes straight through to the backing directory, and the kernel page-cache
 //! invalidations that keep shared mappings coherent (issue 13).
 //!
-//! Owns: extended attributes (`getxattr`, `setxattr`, `listxattr`, `removexattr` on the backing path,
-//! without following a final symlink), special nodes (`mknod` of FIFOs, sockets and regular files;
-//! device nodes are refused: a container must not create a device on the host's backing directory),
+//! Owns: extended attributes (`getxattr`, `setxattr`, `listxattr`, `removexattr` on an inode's
+//! `/proc/self/fd/N` name, which leads to the file itself, a symlink's own inode included), special nodes
+//! (`mknod` of FIFOs, sockets, regular files and whiteouts; device nodes are refused: a container must
+//! not create a device on the host's backing directory),
 //! and [`KernelCache`], the thread that tells the kernel to drop its cached pages of a file.
 //!
 //! Why a thread: a FUSE invalidation must not be sent from the handler of a request on the same file
@@ -42,13 +43,13 @@ pub fn get(path: &Path, name: Option<&OsStr>, size: u32) -> Result<Xattr, Errno>
         // SAFETY: NUL-terminated path and name, and a buffer of `len` bytes we own (null with len 0).
         unsafe {
             match &n {
-                Some(n) => libc::lgetxattr(
+                Some(n) => libc::getxattr(
                     p.as_ptr(),
                     n.as_ptr(),
                     if len == 0 { std::ptr::null_mut() } else { ptr },
                     len,
                 ),
-                None => libc::llistxattr(p.as_ptr(), ptr.cast(), len),
+                None => libc::listxattr(p.as_ptr(), ptr.cast(), len),
             }
         }
     };
@@ -67,7 +68,7 @@ pub fn get(path: &Path, name: Option<&OsStr>, size: u32) -> Result<Xattr, Errno>
 pub fn set(path: &Path, name: &OsStr, value: &[u8], flags: i32) -> Result<(), Errno> {
     let (p, n) = (cstr(path.as_os_str().as_bytes())?, cstr(name.as_bytes())?);
     // SAFETY: NUL-terminated path and name; `value` is valid for its length.
-    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
+    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
     if r < 0 {
         Err(last_errno())
     } else {
@@ -78,27 +79,27 @@ pub fn set(path: &Path, name: &OsStr, value: &[u8], flags: i32) -> Result<(), Er
 pub fn remove(path: &Path, name: &OsStr) -> Result<(), Errno> {
     let (p, n) = (cstr(path.as_os_str().as_bytes())?, cstr(name.as_bytes())?);
     // SAFETY: NUL-terminated path and name.
-    if unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) } < 0 {
+    if unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) } < 0 {
         Err(last_errno())
     } else {
         Ok(())
     }
 }
 
-/// Creates a FIFO, a socket or an empty regular file at `path` (`mode` with its type bits, after the
-/// umask). Device nodes are refused with `EPERM`.
-pub fn mknod(path: &Path, mode: u32) -> Result<(), Errno> {
+/// Creates a FIFO, a socket, an empty regular file or a whiteout (character device 0:0, which the kernel
+/// lets anyone make: overlayfs's mark of a removed file) `name` in the directory `dir` (`mode` with its
+/// type bits; the thread's umask applies). Other device nodes are refused with `EPERM`.
+pub fn mknod(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, mode: u32, rdev: u32) -> Result<(), Errno> {
+    use nix::sys::stat::{Mode, SFlag};
     let kind = mode & libc::S_IFMT;
-    if !matches!(kind, libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG | 0) {
+    let whiteout = kind == libc::S_IFCHR && rdev == 0;
+    if !whiteout && !matches!(kind, libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG | 0) {
         return Err(Errno::EPERM);
     }
-    let p = cstr(path.as_os_str().as_bytes())?;
-    // SAFETY: a NUL-terminated path; dev 0 (no device nodes are made).
-    if unsafe { libc::mknod(p.as_ptr(), mode as libc::mode_t, 0) } < 0 {
-        Err(last_errno())
-    } else {
-        Ok(())
-    }
+    let kind = if kind == 0 { SFlag::S_IFREG } else { SFlag::from_bits_truncate(kind) };
+    // dev 0: no device node but the whiteout is made.
+    nix::sys::stat::mknodat(dir, name, kind, Mode::from_bits_truncate(mode & 0o7777), 0)
+        .map_err(|e| Errno::from_i32(e as i32))
 }
 
 /// Queues invalidations of the kernel's cached pages of a file for a thread that sends them.

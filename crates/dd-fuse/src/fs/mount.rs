@@ -2,6 +2,11 @@
 //! the kernel's pages of files changed behind the mount, serving until unmounted, and unmounting from
 //! another thread (detaching a busy mount).
 //!
+//! A mount point left by a mount that died (`kill -9`, a crash) answers every access with `ENOTCONN`
+//! for as long as a process keeps a file of it open; mounting over it fails the same way. A new mount
+//! detaches such a dead one first (`umount2(MNT_DETACH)`, one log line): the old open descriptors keep
+//! failing, new opens reach the new mount.
+//!
 //! Invariant: nothing is published or applied (`[sampling]`) after the mount is gone; either way
 //! `Unmounter::unmount` leaves nothing mounted.
 
@@ -48,6 +53,22 @@ impl Unmounter {
     }
 }
 
+/// Detaches a dead FUSE mount on `mountpoint` (its server gone: `ENOTCONN`), saying so.
+fn detach_if_dead(mountpoint: &Path) -> Result<(), FuseError> {
+    match std::fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH)
+                .map_err(|e| FuseError::Mount { path: mountpoint.into(), source: e.into() })?;
+            tracing::warn!(
+                "{}: the mount there had died (transport endpoint not connected); detached it",
+                mountpoint.display()
+            );
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 impl Mount {
     /// Connects to the daemon (if configured) and mounts `backing` on `mountpoint`.
     pub fn new(cfg: FuseConfig, backing: &Path, mountpoint: &Path) -> Result<Mount, FuseError> {
@@ -57,6 +78,12 @@ impl Mount {
             let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory");
             return Err(FuseError::Backing { path: backing, source });
         }
+        let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+        let root = nix::fcntl::open(&backing, flags, nix::sys::stat::Mode::empty())
+            .map_err(|e| FuseError::Backing { path: backing.clone(), source: e.into() })?;
+        detach_if_dead(mountpoint)?;
+        let nofile = super::raise_nofile_limit();
+        tracing::debug!(nofile, "open descriptor limit (one per inode the kernel caches, one per open file)");
         let threads = cfg.threads;
         let sampling = cfg.sampling.clone();
         let fe = Arc::new(Frontend::new(cfg)?);
@@ -71,7 +98,8 @@ impl Mount {
         options.acl = SessionACL::All;
         options.n_threads = Some(threads);
         let backing_dev = std::fs::metadata(&backing).map(|m| m.dev()).unwrap_or(0);
-        let fs = DdFs::new(backing, fe.clone());
+        let fs = DdFs::new(backing.clone(), root, fe.clone())
+            .map_err(|source| FuseError::Backing { path: backing, source })?;
         let (inodes, kernel) = (fs.inodes.clone(), fs.kernel.clone());
         let session = fuser::Session::new(fs, mountpoint, &options)
             .map_err(|source| FuseError::Mount { path: mountpoint.into(), source })?;

@@ -1,22 +1,24 @@
 //! The FUSE request handlers: the [`Filesystem`] implementation, one method per request, each mapping it
-//! onto the backing directory (paths through the inode table) and, for file data, onto the frontend of
-//! the caller's container.
+//! onto the backing directory (through the inode table's descriptors, never a path looked up again) and,
+//! for file data, onto the frontend of the caller's container.
 //!
 //! Invariants: the ones of `fs` (its module docs): the inode and handle tables are leaf locks, taken by
-//! its helpers; errors of the backing file system reach the caller as their errno; entries and
-//! attributes carry a zero TTL.
+//! its helpers; every entry reply is preceded by exactly one counted lookup (`DdFs::entry`); errors of
+//! the backing file system reach the caller as their errno; entries and attributes carry a zero TTL.
 
-use super::{attr, errno, kind_of, DdFs, ROOT, TTL};
+use super::inode::{attr, ROOT};
+use super::{errno, kill_suid, nix_errno, stat_fd, with_umask, DdFs, TTL};
 use crate::passthrough::{self, Xattr};
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::Mode;
 use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::fs::File;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -28,6 +30,10 @@ impl Filesystem for DdFs {
                 "the kernel lacks {missing:?} (Linux 6.6+): files on the mount cannot be mapped shared"
             );
         }
+        // The creator's umask is applied by the backing file system (`with_umask`), not by the kernel.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DONT_MASK) {
+            tracing::info!("the kernel lacks {missing:?}: it applies the umask itself");
+        }
         Ok(())
     }
 
@@ -36,29 +42,27 @@ impl Filesystem for DdFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.child(parent, name).and_then(|rel| self.entry_of(&rel)) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        entry_reply(self.inode(parent).and_then(|p| self.entry(&p, name)), reply)
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inodes.write().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let m = match fh.and_then(|fh| self.handle(fh).ok()) {
-            Some(h) => h.file.metadata(),
-            None => match self.rel(ino) {
-                Ok(rel) => std::fs::symlink_metadata(self.full(&rel)),
-                Err(e) => return reply.error(e),
-            },
+        let st = match fh.and_then(|fh| self.handle(fh).ok()) {
+            Some(h) => stat_fd(h.file.as_fd()),
+            None => self.inode(ino).and_then(|i| stat_fd(i.fd())),
         };
-        match m {
-            Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
-            Err(e) => reply.error(errno(&e)),
+        match st {
+            Ok(st) => reply.attr(&TTL, &attr(ino.0, &st)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -74,113 +78,125 @@ impl Filesystem for DdFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let path = match self.rel(ino) {
-            Ok(rel) => self.full(&rel),
+        let inode = match self.inode(ino) {
+            Ok(i) => i,
             Err(e) => return reply.error(e),
         };
-        let r = (|| -> std::io::Result<()> {
+        // The open file the request names, if any: what ftruncate and friends act on.
+        let h = fh.and_then(|fh| self.handle(fh).ok());
+        let r = (|| -> Result<(), Errno> {
             if let Some(mode) = mode {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o7777))?;
+                let mode = Mode::from_bits_truncate(mode & 0o7777);
+                match &h {
+                    Some(h) => nix::sys::stat::fchmod(h.file.as_fd(), mode),
+                    // The O_PATH descriptor takes no fchmod: its /proc name leads to the file itself.
+                    None => nix::sys::stat::fchmodat(
+                        nix::fcntl::AT_FDCWD,
+                        &inode.proc_path(),
+                        mode,
+                        nix::sys::stat::FchmodatFlags::FollowSymlink,
+                    ),
+                }
+                .map_err(nix_errno)?;
             }
             if uid.is_some() || gid.is_some() {
-                std::os::unix::fs::lchown(&path, uid, gid)?;
+                let (u, g) = (uid.map(nix::unistd::Uid::from_raw), gid.map(nix::unistd::Gid::from_raw));
+                let how = AtFlags::AT_EMPTY_PATH | AtFlags::AT_SYMLINK_NOFOLLOW;
+                nix::unistd::fchownat(inode.fd(), "", u, g, how).map_err(nix_errno)?;
             }
             if let Some(size) = size {
-                let h = fh.and_then(|fh| self.handle(fh).ok()).filter(|h| h.file.metadata().is_ok());
+                let reopened;
                 let file = match &h {
-                    Some(h) if !h.append => None,
-                    _ => Some(OpenOptions::new().write(true).open(&path)?),
+                    Some(h) if h.writable => &h.file,
+                    _ => {
+                        let flags = OFlag::O_WRONLY | OFlag::O_CLOEXEC;
+                        let fd =
+                            nix::fcntl::open(&inode.proc_path(), flags, Mode::empty()).map_err(nix_errno)?;
+                        reopened = File::from(fd);
+                        &reopened
+                    }
                 };
-                let (f, obj) = match (&file, &h) {
-                    (Some(f), _) => (f, self.fe.object(f.metadata()?.ino())),
-                    (None, Some(h)) => (&h.file, h.obj.clone()),
-                    (None, None) => unreachable!("a file is opened when there is no usable handle"),
-                };
-                self.fe.change_whole(&obj, || f.set_len(size))?;
+                let obj = self.fe.object(stat_fd(file.as_fd())?.st_ino);
+                kill_suid(req, file.as_fd())?;
+                self.fe.change_whole(&obj, || file.set_len(size)).map_err(|e| errno(&e))?;
             }
             if atime.is_some() || mtime.is_some() {
-                DdFs::set_times(&path, atime, mtime)?;
+                let fd = h.as_ref().map_or(inode.fd(), |h| h.file.as_fd());
+                DdFs::set_times(fd, atime, mtime).map_err(|e| errno(&e))?;
             }
             Ok(())
         })();
-        match r.and_then(|_| std::fs::symlink_metadata(&path)) {
-            Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
-            Err(e) => reply.error(errno(&e)),
+        let st = r.and_then(|_| stat_fd(h.as_ref().map_or(inode.fd(), |h| h.file.as_fd())));
+        match st {
+            Ok(st) => reply.attr(&TTL, &attr(ino.0, &st)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let rel = match self.child(parent, name) {
-            Ok(r) => r,
-            Err(e) => return reply.error(e),
-        };
-        let path = self.full(&rel);
-        let r = std::fs::create_dir(&path).and_then(|_| {
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & !umask & 0o7777))
+        let made = self.inode(parent).and_then(|p| {
+            with_umask(umask, mode, |mode| {
+                nix::sys::stat::mkdirat(p.fd(), name, Mode::from_bits_truncate(mode & 0o7777))
+            })
+            .map_err(nix_errno)?;
+            self.give_to_caller(&p, name, req)?;
+            self.entry(&p, name)
         });
-        if let Err(e) = r {
-            return reply.error(errno(&e));
-        }
-        DdFs::chown_to_caller(&path, req);
-        match self.entry_of(&rel) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        entry_reply(made, reply)
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let rel = match self.child(parent, link_name) {
-            Ok(r) => r,
-            Err(e) => return reply.error(e),
-        };
-        let path = self.full(&rel);
-        if let Err(e) = std::os::unix::fs::symlink(target, &path) {
-            return reply.error(errno(&e));
-        }
-        DdFs::chown_to_caller(&path, req);
-        match self.entry_of(&rel) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let made = self.inode(parent).and_then(|p| {
+            nix::unistd::symlinkat(target, p.fd(), link_name).map_err(nix_errno)?;
+            self.give_to_caller(&p, link_name, req)?;
+            self.entry(&p, link_name)
+        });
+        entry_reply(made, reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         use std::os::unix::ffi::OsStrExt;
-        match self.rel(ino).map(|rel| std::fs::read_link(self.full(&rel))) {
-            Ok(Ok(t)) => reply.data(t.as_os_str().as_bytes()),
-            Ok(Err(e)) => reply.error(errno(&e)),
+        match self.inode(ino).and_then(|i| nix::fcntl::readlinkat(i.fd(), "").map_err(nix_errno)) {
+            Ok(t) => reply.data(t.as_bytes()),
             Err(e) => reply.error(e),
         }
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         // Both names reach one backing inode, hence one object and one lock: coherence is unchanged.
-        let (from, to) = match (self.rel(ino), self.child(newparent, newname)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
-        };
-        if let Err(e) = std::fs::hard_link(self.full(&from), self.full(&to)) {
-            return reply.error(errno(&e));
-        }
-        match self.entry_of(&to) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        let made = self.inode(ino).and_then(|i| {
+            let p = self.inode(newparent)?;
+            // Through /proc (followed): the file itself, even with no name left (then ENOENT, as locally).
+            let (from, how) = (i.proc_path(), AtFlags::AT_SYMLINK_FOLLOW);
+            nix::unistd::linkat(nix::fcntl::AT_FDCWD, &from, p.fd(), newname, how).map_err(nix_errno)?;
+            self.entry(&p, newname)
+        });
+        entry_reply(made, reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let path = match self.child(parent, name) {
-            Ok(rel) => self.full(&rel),
-            Err(e) => return reply.error(e),
-        };
-        match self.with_file_invalidated(&path, || std::fs::remove_file(&path)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let r = self.inode(parent).map(|p| {
+            self.with_file_invalidated(&p, name, || {
+                nix::unistd::unlinkat(p.fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+                    .map_err(std::io::Error::from)
+            })
+        });
+        empty_reply(r, reply)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty_reply(self.child(parent, name).map(|rel| std::fs::remove_dir(self.full(&rel))), reply)
+        let r = self.inode(parent).map(|p| {
+            nix::unistd::unlinkat(p.fd(), name, nix::unistd::UnlinkatFlags::RemoveDir)
+                .map_err(std::io::Error::from)
+        });
+        empty_reply(r, reply)
     }
 
     fn rename(
@@ -193,38 +209,32 @@ impl Filesystem for DdFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (from, to) = match (self.child(parent, name), self.child(newparent, newname)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
-        };
-        let (src, dst) = (self.full(&from), self.full(&to));
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            return reply.error(Errno::EINVAL);
-        }
-        if flags.contains(RenameFlags::RENAME_NOREPLACE) && std::fs::symlink_metadata(&dst).is_ok() {
-            return reply.error(Errno::EEXIST);
-        }
-        // An overwritten target file is gone: its cached pages go with it.
-        if let Err(e) = self.with_file_invalidated(&dst, || std::fs::rename(&src, &dst)) {
-            return reply.error(errno(&e));
-        }
-        let mut t = self.inodes.write();
-        for p in t.paths.values_mut() {
-            if let Ok(rest) = p.strip_prefix(&from) {
-                *p = if rest.as_os_str().is_empty() { to.clone() } else { to.join(rest) };
+        let r = self.inode(parent).and_then(|p| Ok((p, self.inode(newparent)?))).map(|(p, np)| {
+            // renameat2 as asked (RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT: what the backing
+            // file system supports). Identity is the inodes', so nothing is renamed in the tables.
+            let how = nix::fcntl::RenameFlags::from_bits_retain(flags.bits());
+            let rename =
+                || nix::fcntl::renameat2(p.fd(), name, np.fd(), newname, how).map_err(std::io::Error::from);
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                // Both files stay, each with its bytes (and its cached pages, keyed by backing inode).
+                rename()
+            } else {
+                // An overwritten target file is gone: its cached pages go with it.
+                self.with_file_invalidated(&np, newname, rename)
             }
-        }
-        reply.ok();
+        });
+        empty_reply(r, reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let path = match self.rel(ino) {
-            Ok(rel) => self.full(&rel),
-            Err(e) => return reply.error(e),
-        };
-        let r = DdFs::open_options(flags.0).open(&path).map_err(|e| errno(&e)).and_then(|f| {
+        let r = self.inode(ino).and_then(|i| {
+            // The file itself, through its inode's descriptor, with a descriptor of its own.
+            let fd = nix::fcntl::open(&i.proc_path(), DdFs::open_flags(flags.0), Mode::empty())
+                .map_err(nix_errno)?;
+            let f = File::from(fd);
             if flags.0 & libc::O_TRUNC != 0 && flags.acc_mode() != OpenAccMode::O_RDONLY {
-                let obj = self.fe.object(f.metadata().map_err(|e| errno(&e))?.ino());
+                let obj = self.fe.object(stat_fd(f.as_fd())?.st_ino);
+                kill_suid(req, f.as_fd())?;
                 self.fe.change_whole(&obj, || f.set_len(0)).map_err(|e| errno(&e))?;
             }
             self.add_handle(f, flags.0, self.container_of(req, None))
@@ -245,25 +255,27 @@ impl Filesystem for DdFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let rel = match self.child(parent, name) {
-            Ok(r) => r,
-            Err(e) => return reply.error(e),
-        };
-        let path = self.full(&rel);
-        let mut o = DdFs::open_options(flags);
-        if OpenFlags(flags).acc_mode() == OpenAccMode::O_RDONLY {
-            // create(2) with O_RDONLY still creates the file; the backing open needs write access to.
-            o.write(true);
-        }
-        o.create(true).mode(mode & !umask & 0o7777).custom_flags(flags & libc::O_EXCL);
-        let r = o.open(&path).map_err(|e| errno(&e)).and_then(|f| {
-            DdFs::chown_to_caller(&path, req);
-            if flags & libc::O_TRUNC != 0 {
-                let obj = self.fe.object(f.metadata().map_err(|e| errno(&e))?.ino());
+        let r = self.inode(parent).and_then(|p| {
+            let how = DdFs::open_flags(flags) | OFlag::O_CREAT | OFlag::O_NOFOLLOW;
+            let how = how | (OFlag::from_bits_truncate(flags) & OFlag::O_EXCL);
+            let fd = with_umask(umask, mode, |mode| {
+                nix::fcntl::openat(p.fd(), name, how, Mode::from_bits_truncate(mode & 0o7777))
+            })
+            .map_err(nix_errno)?;
+            let f = File::from(fd);
+            self.give_to_caller(&p, name, req)?;
+            if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
+                let obj = self.fe.object(stat_fd(f.as_fd())?.st_ino);
                 self.fe.change_whole(&obj, || f.set_len(0)).map_err(|e| errno(&e))?;
             }
-            let a = self.entry_of(&rel)?;
-            Ok((self.add_handle(f, flags, self.container_of(req, None))?, a))
+            let fh = self.add_handle(f, flags, self.container_of(req, None))?;
+            match self.entry(&p, name) {
+                Ok(a) => Ok((fh, a)),
+                Err(e) => {
+                    self.handles.write().remove(&fh);
+                    Err(e)
+                }
+            }
         });
         match r {
             Ok((fh, a)) => {
@@ -297,7 +309,7 @@ impl Filesystem for DdFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -311,6 +323,12 @@ impl Filesystem for DdFs {
             Ok(h) => h,
             Err(e) => return reply.error(e),
         };
+        // Not for a write-back of mapped pages: the kernel's own, whoever dirtied them.
+        if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            if let Err(e) = kill_suid(req, h.file.as_fd()) {
+                return reply.error(e);
+            }
+        }
         match self.fe.write(&h.obj, &h.file, offset, data, h.append) {
             Ok(n) => {
                 reply.written(n as u32);
@@ -359,36 +377,31 @@ impl Filesystem for DdFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let rel = match self.rel(ino) {
-            Ok(r) => r,
-            Err(e) => return reply.error(e),
-        };
-        let dir = self.full(&rel);
-        let r = (|| -> std::io::Result<Vec<(u64, FileType, std::ffi::OsString)>> {
-            let parent_ino = match rel.parent() {
-                Some(p) => std::fs::metadata(self.full(p)).map(|m| self.intern(p, &m)).unwrap_or(ROOT),
-                None => ROOT,
+        let r = self.inode(ino).and_then(|dir| {
+            let parent = match ino.0 {
+                ROOT => ROOT,
+                _ => self.number_of(&dir, OsStr::new("..")).unwrap_or(ROOT),
             };
-            let mut v = vec![
-                (ino.0, FileType::Directory, ".".into()),
-                (parent_ino, FileType::Directory, "..".into()),
-            ];
-            for e in std::fs::read_dir(&dir)? {
-                let e = e?;
-                let child = rel.join(e.file_name());
+            let mut v =
+                vec![(ino.0, FileType::Directory, ".".into()), (parent, FileType::Directory, "..".into())];
+            // A descriptor of its own to read the directory (std skips `.` and `..`).
+            for e in std::fs::read_dir(dir.proc_path()).map_err(|e| errno(&e))? {
+                let e = e.map_err(|e| errno(&e))?;
                 // Entries that vanish while listed are skipped.
-                let Ok(m) = e.metadata() else { continue };
-                v.push((self.intern(&child, &m), kind_of(&m), e.file_name()));
+                let Ok(t) = e.file_type() else { continue };
+                let Some(n) = self.number_of(&dir, &e.file_name()) else { continue };
+                let kind = FileType::from_std(t).unwrap_or(FileType::RegularFile);
+                v.push((n, kind, e.file_name()));
             }
             Ok(v)
-        })();
+        });
         match r {
             Ok(v) => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
                 self.dirs.lock().insert(fh, Arc::new(v));
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -404,7 +417,7 @@ impl Filesystem for DdFs {
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         // sqlite3 fsyncs the directory after creating its journal: make the entry durable in the backing.
-        let r = self.rel(ino).map(|rel| File::open(self.full(&rel)).and_then(|d| d.sync_all()));
+        let r = self.inode(ino).map(|d| File::open(d.proc_path()).and_then(|d| d.sync_all()));
         empty_reply(r, reply)
     }
 
@@ -421,11 +434,11 @@ impl Filesystem for DdFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: fuser::ReplyXattr) {
-        xattr_reply(self.rel(ino).and_then(|rel| passthrough::get(&self.full(&rel), Some(name), size)), reply)
+        xattr_reply(self.inode(ino).and_then(|i| passthrough::get(&i.proc_path(), Some(name), size)), reply)
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        xattr_reply(self.rel(ino).and_then(|rel| passthrough::get(&self.full(&rel), None, size)), reply)
+        xattr_reply(self.inode(ino).and_then(|i| passthrough::get(&i.proc_path(), None, size)), reply)
     }
 
     fn setxattr(
@@ -438,14 +451,14 @@ impl Filesystem for DdFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.rel(ino).and_then(|rel| passthrough::set(&self.full(&rel), name, value, flags)) {
+        match self.inode(ino).and_then(|i| passthrough::set(&i.proc_path(), name, value, flags)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.rel(ino).and_then(|rel| passthrough::remove(&self.full(&rel), name)) {
+        match self.inode(ino).and_then(|i| passthrough::remove(&i.proc_path(), name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -458,19 +471,15 @@ impl Filesystem for DdFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        let made = self.child(parent, name).and_then(|rel| {
-            let full = self.full(&rel);
-            passthrough::mknod(&full, mode & !umask)?;
-            Self::chown_to_caller(&full, req);
-            self.entry_of(&rel)
+        let made = self.inode(parent).and_then(|p| {
+            with_umask(umask, mode, |mode| passthrough::mknod(p.fd(), name, mode, rdev))?;
+            self.give_to_caller(&p, name, req)?;
+            self.entry(&p, name)
         });
-        match made {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        entry_reply(made, reply)
     }
 
     /// No ioctl is served: `ENOTTY` ("not a terminal", what `isatty` expects of a file), without a log
@@ -487,6 +496,56 @@ impl Filesystem for DdFs {
         reply: fuser::ReplyIoctl,
     ) {
         reply.error(Errno::ENOTTY);
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.do_fallocate(req, ino, fh, (offset, length), mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        match self.do_lseek(fh, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.do_copy_file_range(req, (fh_in, offset_in), (ino_out, fh_out, offset_out), len) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -510,6 +569,14 @@ impl Filesystem for DdFs {
             st.f_namemax as u32,
             st.f_frsize as u32,
         );
+    }
+}
+
+/// Answers a request that makes or finds an entry (its lookup already counted by `DdFs::entry`).
+fn entry_reply(r: Result<fuser::FileAttr, Errno>, reply: ReplyEntry) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+        Err(e) => reply.error(e),
     }
 }
 
