@@ -248,12 +248,16 @@ pub fn vm(c_: &HostConn, c: VmCommand) -> Result<()> {
     let conn = &c_.url;
     match c {
         VmCommand::Add { id, mem_weight, ssd_weight, format } => {
-            let r = conn.call(
-                "POST",
-                "/v1/vms",
-                &t,
-                Some(json!({ "id": id, "weights": { "mem": mem_weight, "ssd": ssd_weight } })),
-            )?;
+            let body = json!({ "id": id, "weights": { "mem": mem_weight, "ssd": ssd_weight } });
+            let r = match AdminClient::new(&conn.admin_url).call("POST", "/v1/vms", &t, Some(&body)) {
+                Ok(r) => r,
+                // `eval "$(vm add ID --env)"` on a VM that exists would set nothing: say what to run.
+                Err(e) if e.code() == Some("vm_exists") => bail!(
+                    "{e}; its tokens are not shown again: `doubledecker vm tokens {id} --rotate` replaces them \
+                     (and prints the new ones), `doubledecker vm remove {id}` removes the VM"
+                ),
+                Err(e) => return Err(e.into()),
+            };
             print_creds(
                 &r,
                 format,

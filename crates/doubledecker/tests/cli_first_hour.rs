@@ -38,6 +38,19 @@ fn exports(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Issue 31: `eval "$(vm add 5 --env)"` on a VM that exists set nothing, and the error said only that
+/// it exists; now it says how to get tokens.
+#[test]
+fn regression_vm_add_env_on_an_existing_vm_said_nothing_to_do() {
+    let d = Daemon::start(&[], "");
+    let host = [("DD_ADMIN_URL", d.admin.as_str()), ("DD_HOST_TOKEN", HOST_TOKEN)];
+    ok(&["vm", "add", "5", "--env"], &host);
+    let again = dd(&["vm", "add", "5", "--env"], &host);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && again.stdout.is_empty(), "{err}");
+    assert!(err.contains("vm tokens 5 --rotate"), "{err}");
+}
+
 #[test]
 fn vm_add_env_chains_into_pool_commands_and_rotate_replaces_lost_tokens() {
     let d = Daemon::start(&[], "");
