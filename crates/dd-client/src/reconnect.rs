@@ -249,6 +249,20 @@ impl Link {
     }
 
     fn note_down(&self, st: &mut LinkState, now: Instant, e: &ClientError) {
+        if !e.is_transport() {
+            // The daemon answered and refused (a wrong token, a VM it does not know): retrying will
+            // not help and the caller decides what follows, so no "going on without it" (issue 31:
+            // `guest watch` for an unregistered VM said so, then exited).
+            if st.last_log.is_none_or(|t| now.duration_since(t) >= REMIND_EVERY) {
+                st.last_log = Some(now);
+                tracing::warn!(
+                    "{}: the daemon at {} refused the connection: {e}",
+                    self.who,
+                    self.endpoint.address()
+                );
+            }
+            return;
+        }
         match st.down_since {
             None => {
                 st.down_since = Some(now);

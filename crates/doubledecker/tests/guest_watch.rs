@@ -127,3 +127,34 @@ fn the_cli_runs_one_round() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("daemon.data_token"));
 }
+
+/// Issue 31: `guest watch` for a VM the daemon does not know logged "going on without it, retrying
+/// with back-off", then exited. Now it says the daemon refused it, and exits with the reason.
+#[test]
+fn regression_an_unregistered_vm_was_told_the_watcher_goes_on() {
+    let d = Daemon::start(&[&vm(3)], "");
+    let groups = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(groups.path().join("c/one")).unwrap();
+    let cfg_path = groups.path().join("watch.toml");
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "cgroup_parent = {:?}\nstate_file = {:?}\n[daemon]\ntcp = {:?}\nvm = 9\n",
+            groups.path().join("c").display().to_string(),
+            groups.path().join("s.json").display().to_string(),
+            d.tcp.to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
+        .args(["guest", "watch", "--once", "--config"])
+        .arg(&cfg_path)
+        .env("DD_VM_DATA_TOKEN", "not-a-registered-vms-token")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains("going on without it"), "{err}");
+    assert!(err.contains("refused"), "{err}");
+}
