@@ -102,8 +102,8 @@ pub struct CredsFormat {
     /// Print the JSON answer of the admin API instead of text.
     #[arg(long, conflicts_with = "env")]
     json: bool,
-    /// Print `export DD_VM_ADMIN_TOKEN=...` and `export DD_VM_DATA_TOKEN=...` lines, for
-    /// `eval "$(doubledecker vm add ID --env)"`.
+    /// Print `export DD_VM_ADMIN_TOKEN=...` and `export DD_VM_DATA_TOKEN=...` lines, to be run by the
+    /// shell: `eval "$(doubledecker ... --env)"` with this command.
     #[arg(long)]
     env: bool,
 }

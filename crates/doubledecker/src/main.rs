@@ -68,7 +68,7 @@ enum Command {
         #[command(subcommand)]
         which: serve::ConfigCommand,
     },
-    /// Guest-side tools (inside a VM): the cgroup watcher.
+    /// Guest-side tools (inside a VM): the cgroup watcher (`watch`) and the provisioner (`provision`).
     Guest {
         #[command(subcommand)]
         which: guest::GuestCommand,

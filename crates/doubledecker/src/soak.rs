@@ -22,7 +22,6 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 128)]
     ssd_mib: u64,
     /// Seed of the random number generator (keys and page contents), for repeatable runs.
-    /// Seed of the random number generator (keys and page contents), for repeatable runs.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
 }

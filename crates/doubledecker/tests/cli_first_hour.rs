@@ -123,6 +123,19 @@ fn help_defects(cmd: &str, text: &str) -> Vec<String> {
             out.push(format!("`{cmd} --help` cites {bad:?}"));
         }
     }
+    // A sentence said twice in one line (issue 31: `soak --seed` had its doc comment twice).
+    for l in text.lines() {
+        // (clap appends `[default: ...]` and `[env: ...]` to the last sentence.)
+        let sentences: Vec<&str> = l
+            .split(". ")
+            .map(|x| x.split(" [").next().unwrap_or(x).trim().trim_end_matches('.'))
+            .filter(|x| x.len() > 20)
+            .collect();
+        // (The first sentence starts after the option's name: compare by its end.)
+        if sentences.iter().enumerate().any(|(i, a)| sentences[..i].iter().any(|b| b.ends_with(a))) {
+            out.push(format!("`{cmd} --help` repeats a sentence: {:?}", l.trim()));
+        }
+    }
     let lines: Vec<&str> = text.lines().collect();
     let mut section = "";
     for (i, l) in lines.iter().enumerate() {
@@ -173,6 +186,8 @@ fn help_defects_are_found() {
     let no_cmd = "Commands:\n  list\n  run   Runs\n";
     assert_eq!(help_defects("x", no_cmd).len(), 1);
     assert_eq!(help_defects("x", "see SPEC section 3").len(), 1);
+    let twice = "Options:\n      --seed  The seed of the generator, for runs. The seed of the generator, for runs [default: 1]\n";
+    assert_eq!(help_defects("x", twice).len(), 1, "{:?}", help_defects("x", twice));
 }
 
 #[test]
@@ -197,6 +212,16 @@ fn help_texts_describe_every_option_and_cite_nothing_outside_the_repository() {
         if !text.contains(var) {
             defects.push(format!("`{cmd} --help` does not name {var}"));
         }
+    }
+    // Issue 31: `guest --help` said it was the cgroup watcher (its first line left `provision` out), and
+    // `vm tokens --help` told to eval `vm add`.
+    let help_of =
+        |cmd: &str| helps.iter().find(|(c, _)| c == cmd).map(|(_, t)| t.clone()).unwrap_or_default();
+    if !help_of("guest").lines().next().unwrap_or("").contains("provision") {
+        defects.push("`guest --help` does not say it provisions".into());
+    }
+    if help_of("vm tokens").contains("vm add ID --env") {
+        defects.push("`vm tokens --help` names `vm add`".into());
     }
     assert!(defects.is_empty(), "{} defect(s) in the help texts:\n{}", defects.len(), defects.join("\n"));
 }
