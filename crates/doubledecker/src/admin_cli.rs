@@ -71,7 +71,7 @@ fn env_first(names: &[&str]) -> Option<String> {
 
 /// The host admin token: the flag (clap already read $DD_HOST_TOKEN into it), then the older name
 /// `DD_ADMIN_TOKEN` scripts may still set, then the token file.
-fn host_token(token: &Option<String>, file: &std::path::Path) -> Result<String> {
+pub(crate) fn host_token(token: &Option<String>, file: &std::path::Path) -> Result<String> {
     if let Some(t) = token.clone().or_else(|| env_first(&["DD_HOST_TOKEN", "DD_ADMIN_TOKEN"])) {
         return Ok(t);
     }

@@ -94,16 +94,20 @@ pub struct RunArgs {
     jobs: Option<usize>,
     /// Run against a running daemon's data plane (`unix:PATH` or `tcp:HOST:PORT`) instead of the
     /// in-process engine; it must run the lab's engine settings (docs/scenario-format.md).
-    #[arg(long, requires_all = ["admin", "token"])]
+    #[arg(long, requires = "admin")]
     daemon: Option<String>,
     /// The daemon's admin API, `http://HOST:PORT` as for every other command (`--admin HOST:PORT`, the
     /// older form, still works).
     #[arg(long = "admin-url", alias = "admin", env = "DD_ADMIN_URL")]
     admin: Option<String>,
     /// The daemon's host admin token (registers the scenario's VMs, sets capacities and mode); default
-    /// $DD_HOST_TOKEN.
+    /// $DD_HOST_TOKEN, else the token file.
     #[arg(long, env = "DD_HOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The file holding the host admin token, read with --daemon when neither --token nor
+    /// $DD_HOST_TOKEN is given; the daemon writes it in its data directory.
+    #[arg(long, default_value = "dd-data/admin.token")]
+    token_file: PathBuf,
 }
 
 pub fn run(cmd: LabCommand) -> Result<()> {
@@ -124,15 +128,16 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 let name = a.scenario.clone().unwrap_or_default();
                 vec![load(&name)?]
             };
-            let daemon = match (&a.daemon, &a.admin, &a.token) {
-                (Some(d), Some(admin), Some(token)) => Some(dd_lab::sim::remote::DaemonTarget {
+            let daemon = match (&a.daemon, &a.admin) {
+                (Some(d), Some(admin)) => Some(dd_lab::sim::remote::DaemonTarget {
                     data: dd_lab::sim::remote::DataAddr::parse(d)?,
                     // `AdminClient` takes `http://HOST:PORT` and `HOST:PORT` alike.
                     admin: admin.clone(),
-                    host_token: token.clone(),
+                    // As every host command: the flag ($DD_HOST_TOKEN), else the daemon's token file.
+                    host_token: crate::admin_cli::host_token(&a.token, &a.token_file)?,
                 }),
-                (None, _, _) => None,
-                _ => bail!("--daemon needs --admin-url (or DD_ADMIN_URL) and --token (or DD_HOST_TOKEN)"),
+                (None, _) => None,
+                _ => bail!("--daemon needs --admin-url (or DD_ADMIN_URL)"),
             };
             let mut results = Vec::new();
             let mut failed = Vec::new();

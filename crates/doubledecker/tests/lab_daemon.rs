@@ -72,3 +72,25 @@ fn lab_run_with_daemon_flags_writes_the_same_summary() {
     assert_eq!(local, remote);
     assert!(d.stop());
 }
+
+/// Issue 31: `lab run --daemon` wanted `--token` or `$DD_HOST_TOKEN` where every other host command
+/// falls back to the daemon's token file.
+#[test]
+fn regression_lab_run_did_not_read_the_token_file() {
+    let mut d = common::Daemon::start(&[], "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\n");
+    let out = tempfile::tempdir().unwrap();
+    let token_file = out.path().join("admin.token");
+    std::fs::write(&token_file, format!("{}\n", common::HOST_TOKEN)).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_doubledecker"));
+    cmd.args(["lab", "run", "fig3-4-global-share", "--scale", "0.005", "--quiet", "--out"])
+        .arg(out.path().join("run"))
+        .args(["--daemon", &format!("unix:{}", d.unix.display()), "--admin-url", &d.admin, "--token-file"])
+        .arg(&token_file);
+    for v in common::CLI_ENV_VARS {
+        cmd.env_remove(v);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.path().join("run/summary.json").exists());
+    assert!(d.stop());
+}
