@@ -194,21 +194,55 @@ pub struct Controller<I: CgroupIo> {
     pressure_events: Option<PressureEvents>,
 }
 
+/// The error of a `cgroup.parent` that is no cgroup memory directory, saying what this host has
+/// instead (issue 31: the default is a v1 path, and on a v2 host the error said only that it is not one).
+fn parent_error(parent: &Path, io: &dyn CgroupIo) -> MemctlError {
+    let root = Path::new("/sys/fs/cgroup");
+    let host = match (Version::detect(io, root), Version::detect(io, &root.join("memory"))) {
+        (Some(Version::V2), _) => {
+            "this host has cgroup v2 at /sys/fs/cgroup: set `[cgroup] parent` to the group holding the \
+             containers, e.g. \"/sys/fs/cgroup/doubledecker\" (created with the memory controller enabled \
+             in its parent's cgroup.subtree_control)"
+        }
+        (_, Some(_)) => {
+            "this host has the cgroup v1 memory controller at /sys/fs/cgroup/memory: create the group \
+             (mkdir) or set `[cgroup] parent` to the one holding the containers"
+        }
+        _ => "this host has no cgroup memory controller mounted at /sys/fs/cgroup",
+    };
+    MemctlError::Config {
+        field: "cgroup.parent".into(),
+        reason: format!("{} is not a cgroup v1 memory or v2 directory; {host}", parent.display()),
+    }
+}
+
+impl MemctlConfig {
+    /// Checks what [`MemctlConfig::validate`] cannot: that `cgroup.parent` is a cgroup memory directory
+    /// of the version configured on this host (`config check` runs it).
+    pub fn check_host(&self) -> Result<(), MemctlError> {
+        let io = crate::cgroup::RealIo;
+        let found = Version::detect(&io, &self.cgroup.parent);
+        let ok = match self.cgroup.version {
+            VersionSetting::Auto => found.is_some(),
+            VersionSetting::V1 => found == Some(Version::V1),
+            VersionSetting::V2 => found == Some(Version::V2),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(parent_error(&self.cgroup.parent, &io))
+        }
+    }
+}
+
 impl<I: CgroupIo> Controller<I> {
     pub fn new(cfg: MemctlConfig, io: I) -> Result<Self, MemctlError> {
         cfg.validate()?;
         let version = match cfg.cgroup.version {
             VersionSetting::V1 => Version::V1,
             VersionSetting::V2 => Version::V2,
-            VersionSetting::Auto => {
-                Version::detect(&io, &cfg.cgroup.parent).ok_or_else(|| MemctlError::Config {
-                    field: "cgroup.parent".into(),
-                    reason: format!(
-                        "{} is not a cgroup v1 memory or v2 directory",
-                        cfg.cgroup.parent.display()
-                    ),
-                })?
-            }
+            VersionSetting::Auto => Version::detect(&io, &cfg.cgroup.parent)
+                .ok_or_else(|| parent_error(&cfg.cgroup.parent, &io))?,
         };
         let pressure_events = if version == Version::V1 && !cfg.pressure.v1_pressure_level.is_empty() {
             match PressureEvents::register(&cfg.cgroup.parent, &cfg.pressure.v1_pressure_level) {

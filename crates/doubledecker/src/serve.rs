@@ -93,7 +93,10 @@ pub fn config(c: ConfigCommand) -> Result<()> {
                 ConfigKind::GuestWatch => dd_guest::WatchConfig::from_file(&file).map(|_| String::new())?,
                 ConfigKind::Mount => dd_fuse::FuseConfig::from_file(&file).map(|_| String::new())?,
                 ConfigKind::Memctl => {
-                    dd_memctl::daemon::MemctlConfig::from_file(&file).map(|_| String::new())?
+                    // Valid as text and usable on this host: its cgroup parent is there.
+                    let c = dd_memctl::daemon::MemctlConfig::from_file(&file)?;
+                    c.check_host()?;
+                    String::new()
                 }
             };
             if !quiet {

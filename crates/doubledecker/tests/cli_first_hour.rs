@@ -240,3 +240,27 @@ fn config_check_rejects_a_bad_file_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("admn"), "an unknown key passed the check: {err}");
 }
+
+/// Issue 31: a memory controller configuration without `[cgroup] parent` uses a cgroup v1 path on any
+/// host, and `config check` called it valid; it now checks the parent is a cgroup memory directory
+/// here and says what the host has.
+#[test]
+fn regression_memctl_config_check_called_a_missing_cgroup_parent_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("memctl.toml");
+    std::fs::write(&f, format!("[cgroup]\nparent = {:?}\n", dir.path().join("no-such-group"))).unwrap();
+    let out = dd(&["config", "check", "--for", "memctl", f.to_str().unwrap()], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a missing cgroup parent passed the check");
+    assert!(err.contains("cgroup.parent") && err.contains("this host has"), "{err}");
+    // A directory that is one passes.
+    let real = ["/sys/fs/cgroup", "/sys/fs/cgroup/memory"].into_iter().find(|d| {
+        std::path::Path::new(d).join("cgroup.controllers").exists()
+            || std::path::Path::new(d).join("memory.usage_in_bytes").exists()
+    });
+    if let Some(real) = real {
+        std::fs::write(&f, format!("[cgroup]\nparent = {real:?}\n")).unwrap();
+        let out = dd(&["config", "check", "--for", "memctl", f.to_str().unwrap()], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
