@@ -97,3 +97,18 @@ fn lab_mixes_writes_the_table_and_exits_with_the_verdict_under_check() {
     let sc = dd_lab::Scenario::from_toml(&case).unwrap();
     assert!(sc.containers().any(|(_, _, c)| c.target.is_some()), "the case file carries the targets");
 }
+
+/// Issue 31: check names quote the paper's sizes ("90% of 1 GiB"); at a reduced scale the output now
+/// says that they are the paper's and the run is scaled.
+#[test]
+fn regression_a_scaled_runs_check_names_read_as_its_own_sizes() {
+    let out = tempfile::tempdir().unwrap();
+    let r = lab()
+        .args(["run", "fig3-4-global-share", "--scale", "0.01", "--quiet", "--jobs", "1", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{text}");
+    assert!(text.contains("this run is at scale 0.01"), "{text}");
+}
