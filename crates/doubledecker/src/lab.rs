@@ -369,7 +369,7 @@ fn run_one(sc: &Scenario, opts: &RunOptions, dir: &Path, quiet: bool) -> Result<
     let nvar = sc.run_list().len() as u64;
     let pb = if quiet { ProgressBar::hidden() } else { ProgressBar::new(nvar * 1000) };
     pb.set_style(
-        ProgressStyle::with_template("{prefix:>28} [{bar:40}] {percent:>3}% {elapsed} {msg}")
+        ProgressStyle::with_template("{prefix:>28} [{bar:40}] {percent:>3}% {elapsed} eta {eta} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
