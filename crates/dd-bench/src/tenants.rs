@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 mod attacks;
 mod peers;
+mod tally;
 
 pub use attacks::Attack;
 
@@ -499,7 +500,7 @@ fn run_windows(
     let mut reports = Vec::new();
     let mut first = Some(first);
     for &attack in &o.attacks {
-        let tally = Arc::new(attacks::Tally::default());
+        let tally = Arc::new(tally::Tally::default());
         let delivery = peers::Delivery::default();
         let mut pairs: Vec<(Window, Window)> = Vec::new();
         let mut attack_peak = 0;

@@ -7,6 +7,7 @@
 //! Invariant: every socket an attack opens goes to 127.0.0.1 (the daemon it was given) and is closed
 //! when the attack returns.
 
+use super::tally::Tally;
 use crate::daemon::{BenchVm, HOST_TOKEN};
 use dd_client::admin::AdminClient;
 use dd_client::Client;
@@ -16,7 +17,7 @@ use dd_proto::{Request, Status};
 use serde::Serialize;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// One attack of `bench tenants`.
@@ -43,20 +44,6 @@ pub struct Target {
     pub b: BenchVm,
     /// The key of member `bench-m`, which the peer attacker holds.
     pub member: std::sync::Arc<dd_coop::identity::NodeKey>,
-}
-
-/// What an attack did.
-#[derive(Debug, Default)]
-pub struct Tally {
-    pub actions: AtomicU64,
-    /// Things that must never happen (an old registration's session served).
-    pub leaks: AtomicU64,
-}
-
-impl Tally {
-    pub(super) fn act(&self, n: u64) {
-        self.actions.fetch_add(n, Ordering::Relaxed);
-    }
 }
 
 impl Attack {

@@ -15,7 +15,7 @@
 //! Invariant: every socket goes to 127.0.0.1 (from 127.0.0.1 or 127.0.0.2) and is closed when the
 //! attack returns.
 
-use super::attacks::Tally;
+use super::tally::Tally;
 use crate::daemon::{BenchVm, Daemon, DaemonError, DaemonOptions, HOST_TOKEN};
 use crate::relay::Relay;
 use dd_coop::identity::{NodeKey, Role, Transcript};
