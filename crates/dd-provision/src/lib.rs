@@ -16,7 +16,8 @@
 //!
 //! Modules: [`model`] (inputs and the performance model: cost of an operation for an allocation),
 //! [`plan`] (the decision: a programme over a grid), [`feedback`] (the closed loop around it that the
-//! lab and the guest run: measurements correct predictions, [`Controller`]), [`config`] (the settings
+//! lab and the guest run: measurements correct predictions, [`Controller`]; its step towards a missed
+//! target in the private `shortfall`), [`config`] (the settings
 //! of both), [`report`] (what a guest provisioner reports after a round: the body of the
 //! daemon's `PUT /v1/vm/provisioner`, shared by the guest and the daemon). Curves are `dd_mrc::Curve`s in
 //! pages.
