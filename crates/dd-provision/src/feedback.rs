@@ -23,7 +23,7 @@
 //! 4. changes the plan only when the programme's plan is predicted to meet more targets than the
 //!    anchor measured, or as many and an objective higher by more than `min_gain` (so two plans within
 //!    the noise never alternate); otherwise, when a container measures below its throughput target, it
-//!    tries a step sized by the shortfall ([`crate::shortfall`]), else a small exploration step, else it
+//!    tries a step sized by the shortfall (`crate::shortfall`), else a small exploration step, else it
 //!    goes back to, or stays on, the anchor. Plans that measure
 //!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
 //!    loop rests on the anchor for `rest_intervals`.
