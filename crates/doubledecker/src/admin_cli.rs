@@ -194,12 +194,14 @@ pub enum PoolCommand {
         /// mem, ssd, hybrid or none.
         #[arg(long)]
         store: String,
-        /// Weight (mem, ssd) or memory weight (hybrid).
-        #[arg(long, default_value_t = 100)]
-        weight: u32,
-        /// SSD weight of a hybrid spec.
-        #[arg(long, default_value_t = 100)]
-        ssd_weight: u32,
+        /// Weight (mem, ssd) or memory weight (hybrid). Default: the pool's weight now (its memory
+        /// weight if hybrid), 100 if it has none.
+        #[arg(long)]
+        weight: Option<u32>,
+        /// SSD weight of a hybrid spec. Default: the pool's SSD weight now (its weight if on the SSD
+        /// store), 100 if it has none.
+        #[arg(long)]
+        ssd_weight: Option<u32>,
     },
     /// Destroy a pool and its pages.
     Destroy {
@@ -374,6 +376,19 @@ pub fn pool(c_: &VmConn, c: PoolCommand) -> Result<()> {
             }
         }
         PoolCommand::SetSpec { pool, store, weight, ssd_weight } => {
+            // A weight left out keeps the pool's (issue 31: it became 100 without a word).
+            let (weight, ssd_weight) = if weight.is_none() || ssd_weight.is_none() {
+                let now = conn.call("GET", &format!("/v1/vm/pools/{pool}"), &t, None)?;
+                let s = &now["spec"];
+                let w = |k: &str| s[k].as_u64().map(|v| v as u32);
+                let (mem_now, ssd_now) = match s["type"].as_str() {
+                    Some("hybrid") => (w("mem_weight"), w("ssd_weight")),
+                    _ => (w("weight"), w("weight")),
+                };
+                (weight.or(mem_now).unwrap_or(100), ssd_weight.or(ssd_now).unwrap_or(100))
+            } else {
+                (weight.unwrap_or(100), ssd_weight.unwrap_or(100))
+            };
             let r = conn.call(
                 "PUT",
                 &format!("/v1/vm/pools/{pool}/spec"),

@@ -264,3 +264,19 @@ fn regression_memctl_config_check_called_a_missing_cgroup_parent_valid() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// Issue 31: `pool set-spec ID --store mem` without `--weight` reset the pool's weight to 100 without a
+/// word; a weight left out now keeps the pool's.
+#[test]
+fn regression_set_spec_reset_the_weight_to_100() {
+    let d = Daemon::start(&[], "");
+    let host = [("DD_ADMIN_URL", d.admin.as_str()), ("DD_HOST_TOKEN", HOST_TOKEN)];
+    let creds = exports(&ok(&["vm", "add", "5", "--env"], &host));
+    let vm = [("DD_ADMIN_URL", d.admin.as_str()), ("DD_VM_ADMIN_TOKEN", creds[0].1.as_str())];
+    ok(&["pool", "create", "--store", "mem", "--weight", "7"], &vm);
+    let list = ok(&["pool", "list"], &vm);
+    let id = list.lines().find(|l| l.contains("mem 7")).and_then(|l| l.split_whitespace().next()).unwrap();
+    let out = ok(&["pool", "set-spec", id, "--store", "mem"], &vm);
+    assert!(out.contains("mem 7"), "{out}");
+    assert!(ok(&["pool", "set-spec", id, "--store", "mem", "--weight", "9"], &vm).contains("mem 9"));
+}
