@@ -62,9 +62,16 @@ fn write_configs(etc: &Path) {
     )
     .unwrap();
     std::fs::write(etc.join("mount.toml"), "[daemon]\ntcp = \"10.0.0.1:7411\"\nvm = 2\n").unwrap();
+    // `config check --for memctl` checks the parent is a cgroup memory directory of this host: the one
+    // the host has (v2's root, or v1's memory controller).
+    let parent = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/memory"
+    };
     std::fs::write(
         etc.join("memctl.toml"),
-        "[cgroup]\nparent = \"/sys/fs/cgroup\"\n[pressure]\ntarget_total_usage_bytes = 1073741824\n",
+        format!("[cgroup]\nparent = \"{parent}\"\n[pressure]\ntarget_total_usage_bytes = 1073741824\n"),
     )
     .unwrap();
 }
