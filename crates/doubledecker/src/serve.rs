@@ -53,6 +53,9 @@ pub enum ConfigKind {
     Mount,
     /// `doubledecker memctl run --config` and `memctl plan --config`.
     Memctl,
+    /// `doubledecker guest provision --config` (the tokens may come from DD_VM_DATA_TOKEN and
+    /// DD_VM_ADMIN_TOKEN).
+    GuestProvision,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -92,6 +95,9 @@ pub fn config(c: ConfigCommand) -> Result<()> {
                 ConfigKind::Serve => toml::to_string(&dd_server::ServerConfig::load(Some(&file))?)?,
                 ConfigKind::GuestWatch => dd_guest::WatchConfig::from_file(&file).map(|_| String::new())?,
                 ConfigKind::Mount => dd_fuse::FuseConfig::from_file(&file).map(|_| String::new())?,
+                ConfigKind::GuestProvision => {
+                    dd_guest::ProvisionFileConfig::load(&file, None).map(|_| String::new())?
+                }
                 ConfigKind::Memctl => {
                     // Valid as text and usable on this host: its cgroup parent is there.
                     let c = dd_memctl::daemon::MemctlConfig::from_file(&file)?;

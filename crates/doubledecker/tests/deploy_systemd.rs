@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_doubledecker");
-const UNITS: [&str; 4] = [
+const UNITS: [&str; 5] = [
     "doubledecker.service",
     "doubledecker-guest-watch.service",
     "doubledecker-mount.service",
     "doubledecker-memctl.service",
+    "doubledecker-provision.service",
 ];
 
 fn units_dir() -> PathBuf {
@@ -62,6 +63,12 @@ fn write_configs(etc: &Path) {
     )
     .unwrap();
     std::fs::write(etc.join("mount.toml"), "[daemon]\ntcp = \"10.0.0.1:7411\"\nvm = 2\n").unwrap();
+    std::fs::write(
+        etc.join("provision.toml"),
+        "stats_file = \"s.json\"\nbudgets_file = \"b.json\"\nstate_file = \"p.json\"\nmemory_bytes = 67108864\n\
+         [daemon]\ntcp = \"10.0.0.1:7411\"\nvm = 2\n[containers.web]\ntarget = { kind = \"hit_ratio\", ratio = 0.9 }\n",
+    )
+    .unwrap();
     // `config check --for memctl` checks the parent is a cgroup memory directory of this host: the one
     // the host has (v2's root, or v1's memory controller).
     let parent = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
@@ -106,6 +113,12 @@ fn units_config_check_steps_accept_good_files_and_name_the_bad_field() {
             "poll_interval_ms",
         ),
         ("mount", "mount.toml", "threads = 0\n", "threads"),
+        (
+            "guest-provision",
+            "provision.toml",
+            "stats_file = \"s\"\nbudgets_file = \"b\"\nstate_file = \"p\"\nmemory_bytes = 1\n",
+            "memory_bytes",
+        ),
         ("memctl", "memctl.toml", "interval_ms = 0\n[cgroup]\nparent = \"/sys/fs/cgroup\"\n", "interval_ms"),
     ] {
         let p = tmp.path().join(format!("bad-{file}"));
