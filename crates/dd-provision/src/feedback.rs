@@ -155,6 +155,19 @@ struct History {
     last: Option<Measured>,
 }
 
+impl History {
+    /// The most an allocation can do as far as this container's measurements know: what an allocation
+    /// at least as large measured (in two intervals or more; one may be a transient), with `gain` of
+    /// noise; infinite where none was.
+    fn measured_cap(&self, a: &Allocation, tol: [f64; 3], gain: f64) -> f64 {
+        self.points
+            .iter()
+            .filter(|p| p.n >= 2 && covers(&p.alloc, a, tol))
+            .map(|p| p.m.ops_s * (1.0 + gain))
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
 /// One container's share of the plan applied last.
 #[derive(Debug, Clone)]
 struct Applied {
@@ -209,6 +222,11 @@ fn alloc_of(pages: [f64; 3]) -> Allocation {
 impl Controller {
     pub fn new() -> Controller {
         Controller::default()
+    }
+
+    /// Whether the joint allocation `cand` of the containers `names` was measured already.
+    fn was_tried(&self, names: &[String], cand: &[Allocation], tol: [f64; 3]) -> bool {
+        self.tried.iter().any(|t| t.0 == names && t.1.iter().zip(cand).all(|(x, y)| near(x, y, tol)))
     }
 
     /// The plan returned last was not applied (a dry run): the next measurement is not of it.
@@ -416,14 +434,14 @@ impl Controller {
         let fixed_steer = Steer { adjust: &adjust, anchor: None, max_step_units: 0 };
         // The most each container is predicted to reach with the VM's whole budget its own, corrected as
         // every other prediction: what "none predicted meets it" compares with.
+        let corrected = |i: usize, x: &Allocation| adjust(i, x.pages(), model_at(i, x));
         let best_predicted = || -> Vec<Prediction> {
             let all = Allocation {
                 memory_pages: budget.memory_pages,
                 mem_cache_pages: budget.mem_cache_pages,
                 ssd_cache_pages: budget.ssd_cache_pages,
             };
-            let pages = [all.memory_pages as f64, all.mem_cache_pages as f64, all.ssd_cache_pages as f64];
-            (0..inputs.len()).map(|i| adjust(i, pages, model_at(i, &all))).collect()
+            (0..inputs.len()).map(|i| corrected(i, &all)).collect()
         };
         // The plan of a given allocation: its corrected predictions and pool weights.
         let plan_at =
@@ -514,24 +532,11 @@ impl Controller {
             Some(p)
         };
         // A step towards the target furthest missed (crate::shortfall), from allocation `a`.
-        let predict_ops = |i: usize, x: &Allocation| {
-            let pages = [x.memory_pages as f64, x.mem_cache_pages as f64, x.ssd_cache_pages as f64];
-            adjust(i, pages, model_at(i, x)).ops_s
-        };
-        // The most a container can do at an allocation as far as measurements know: what an allocation
-        // at least as large measured (in two intervals or more). Not the model's ceiling: the model is
-        // what a step towards a missed target doubts.
-        let measured_cap = |i: usize, x: &Allocation| {
-            hist[i]
-                .points
-                .iter()
-                .filter(|p| p.n >= 2 && covers(&p.alloc, x, tol))
-                .map(|p| p.m.ops_s * (1.0 + gain))
-                .fold(f64::INFINITY, f64::min)
-        };
-        let tried = |cand: &[Allocation]| {
-            self.tried.iter().any(|t| t.0 == names && t.1.iter().zip(cand).all(|(x, y)| near(x, y, tol)))
-        };
+        let predict_ops = |i: usize, x: &Allocation| corrected(i, x).ops_s;
+        // What measurements allow, not the model's ceiling: the model is what a step towards a missed
+        // target doubts.
+        let measured_cap = |i: usize, x: &Allocation| hist[i].measured_cap(x, tol, gain);
+        let tried = |cand: &[Allocation]| self.was_tried(&names, cand, tol);
         let unit = |total: u64| total / cfg.steps.max(1) as u64;
         let seek_from = |a: &Vec<Allocation>| -> Option<Vec<Allocation>> {
             if resting || fb.seek_max_factor <= 1.0 {
@@ -584,10 +589,8 @@ impl Controller {
             (None, Some((a, _))) => settle(a)?,
             (None, None) => unreachable!("resting needs an anchor"),
         };
-        let explore = explore
-            && !self.tried.iter().any(|t| {
-                t.0 == names && t.1.iter().zip(&plan.containers).all(|(x, c)| near(x, &c.allocation, tol))
-            });
+        let alloc: Vec<Allocation> = plan.containers.iter().map(|c| c.allocation).collect();
+        let explore = explore && !self.was_tried(&names, &alloc, tol);
         let best_pred = best_predicted();
         let statuses =
             self.statuses(&inputs, measured, Some(&plan), Some((&best_pred, budget, tol)), fb.report_after);
@@ -596,7 +599,6 @@ impl Controller {
         plan.infeasible =
             statuses.iter().filter(|s| s.state == TargetState::Infeasible).map(|s| s.name.clone()).collect();
         plan.feasible = statuses.iter().all(|s| matches!(s.state, TargetState::None | TargetState::Met));
-        let alloc: Vec<Allocation> = plan.containers.iter().map(|c| c.allocation).collect();
         let changed = current.as_ref().is_none_or(|c| c.iter().zip(&alloc).any(|(x, y)| !near(x, y, tol)));
         self.applied = Some(Applied {
             names,
@@ -630,14 +632,7 @@ impl Controller {
         let n = inputs.len();
         let fb = cfg.feedback;
         let (anchor_met, anchor_obj) = (*anchor_score)?;
-        let names: Vec<&String> = inputs.iter().map(|c| &c.name).collect();
-        let tried = |cand: &[Allocation]| {
-            self.tried.iter().any(|t| {
-                t.0.len() == n
-                    && t.0.iter().zip(&names).all(|(x, y)| x == *y)
-                    && t.1.iter().zip(cand).all(|(x, y)| near(x, y, tol))
-            })
-        };
+        let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
         let need = |i: usize| {
             let m = hist[i].last.map_or(0.0, |m| m.ops_s);
             let missing = inputs[i].target.is_some_and(|t| hist[i].last.is_some_and(|m| !m.meets(&t)));
@@ -646,19 +641,8 @@ impl Controller {
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| need(a).partial_cmp(&need(b)).unwrap_or(std::cmp::Ordering::Equal));
         let totals = [budget.memory_pages, budget.mem_cache_pages, budget.ssd_cache_pages];
-        let get = |a: &Allocation, d: usize| [a.memory_pages, a.mem_cache_pages, a.ssd_cache_pages][d];
-        let set = |a: &mut Allocation, d: usize, v: u64| match d {
-            0 => a.memory_pages = v,
-            1 => a.mem_cache_pages = v,
-            _ => a.ssd_cache_pages = v,
-        };
         let optimistic = |i: usize, a: &Allocation| {
-            let cap = hist[i]
-                .points
-                .iter()
-                .filter(|p| p.n >= 2 && covers(&p.alloc, a, tol))
-                .map(|p| p.m.ops_s * (1.0 + fb.min_gain))
-                .fold(ceilings[i], f64::min);
+            let cap = hist[i].measured_cap(a, tol, fb.min_gain).min(ceilings[i]);
             let met = inputs[i].target.is_none_or(|t| match t {
                 Target::Throughput { ops_s } => cap >= ops_s,
                 _ => true,
@@ -673,14 +657,14 @@ impl Controller {
             for &to in &order {
                 for &from in order.iter().rev() {
                     let floor = if d == 0 { inputs[from].min_memory_pages } else { 0 };
-                    if from == to || get(&anchor[from], d) < floor + step {
+                    if from == to || anchor[from].get(d) < floor + step {
                         continue;
                     }
                     let mut cand = anchor.to_vec();
-                    let (f, t) = (get(&cand[from], d), get(&cand[to], d));
-                    set(&mut cand[from], d, f - step);
-                    set(&mut cand[to], d, t + step);
-                    if tried(&cand) {
+                    let (f, t) = (cand[from].get(d), cand[to].get(d));
+                    cand[from].set(d, f - step);
+                    cand[to].set(d, t + step);
+                    if self.was_tried(&names, &cand, tol) {
                         continue;
                     }
                     let (met, obj) = (0..n).fold((0u32, 0.0), |(m, o), i| {

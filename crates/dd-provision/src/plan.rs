@@ -46,6 +46,26 @@ pub struct Allocation {
     pub ssd_cache_pages: u64,
 }
 
+impl Allocation {
+    /// Resource `d`: 0 memory, 1 memory cache, 2 SSD cache.
+    pub(crate) fn get(&self, d: usize) -> u64 {
+        [self.memory_pages, self.mem_cache_pages, self.ssd_cache_pages][d]
+    }
+
+    pub(crate) fn set(&mut self, d: usize, v: u64) {
+        match d {
+            0 => self.memory_pages = v,
+            1 => self.mem_cache_pages = v,
+            _ => self.ssd_cache_pages = v,
+        }
+    }
+
+    /// (memory, memory cache, SSD cache) as the model takes them.
+    pub(crate) fn pages(&self) -> [f64; 3] {
+        [self.memory_pages as f64, self.mem_cache_pages as f64, self.ssd_cache_pages as f64]
+    }
+}
+
 /// One container's settings and what the model expects of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContainerPlan {

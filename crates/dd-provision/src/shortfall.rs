@@ -39,18 +39,6 @@ pub(crate) struct Seek<'a> {
     pub max_factor: f64,
 }
 
-fn get(a: &Allocation, d: usize) -> u64 {
-    [a.memory_pages, a.mem_cache_pages, a.ssd_cache_pages][d]
-}
-
-fn set(a: &mut Allocation, d: usize, v: u64) {
-    match d {
-        0 => a.memory_pages = v,
-        1 => a.mem_cache_pages = v,
-        _ => a.ssd_cache_pages = v,
-    }
-}
-
 fn throughput_target(c: &ContainerInput) -> Option<f64> {
     match c.target {
         Some(Target::Throughput { ops_s }) => Some(ops_s),
@@ -81,7 +69,7 @@ pub(crate) fn seek(s: &Seek<'_>) -> Option<Vec<Allocation>> {
             if unit == 0 {
                 continue;
             }
-            let have = get(&s.anchor[r], d).max(unit);
+            let have = s.anchor[r].get(d).max(unit);
             let want_units = ((have as f64 * (factor - 1.0)) / unit as f64).ceil().max(1.0) as u64;
             let mut cand = s.anchor.to_vec();
             let mut moved = 0u64;
@@ -90,26 +78,26 @@ pub(crate) fn seek(s: &Seek<'_>) -> Option<Vec<Allocation>> {
                     break;
                 }
                 let floor = if d == 0 { s.inputs[j].min_memory_pages } else { 0 };
-                let spare_units = get(&cand[j], d).saturating_sub(floor) / unit;
+                let spare_units = cand[j].get(d).saturating_sub(floor) / unit;
                 let need = throughput_target(&s.inputs[j]).map(|t| t * (1.0 + s.headroom));
                 // The most this donor gives and still meets its own target, as predicted.
                 let give = (1..=spare_units.min(want_units - moved)).rev().find(|&g| {
                     let mut a = cand[j];
-                    let v = get(&a, d) - g * unit;
-                    set(&mut a, d, v);
+                    let v = a.get(d) - g * unit;
+                    a.set(d, v);
                     need.is_none_or(|t| (s.predict_ops)(j, &a) >= t)
                 });
                 if let Some(g) = give {
-                    let v = get(&cand[j], d) - g * unit;
-                    set(&mut cand[j], d, v);
+                    let v = cand[j].get(d) - g * unit;
+                    cand[j].set(d, v);
                     moved += g;
                 }
             }
             if moved == 0 {
                 continue;
             }
-            let v = get(&cand[r], d) + moved * unit;
-            set(&mut cand[r], d, v);
+            let v = cand[r].get(d) + moved * unit;
+            cand[r].set(d, v);
             let could = throughput_target(&s.inputs[r]).is_some_and(|t| (s.measured_cap)(r, &cand[r]) >= t);
             if could && !(s.tried)(&cand) {
                 return Some(cand);
