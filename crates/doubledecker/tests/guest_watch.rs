@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use dd_engine::{PoolKind, Spec};
 use dd_guest::{watch::ContainerSettings, WatchConfig, Watcher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn set_annotation(dir: &Path, value: &str) -> bool {
@@ -91,23 +91,30 @@ fn pools_follow_cgroups_and_shutdown_leaves_nothing() {
     assert!(!state.exists(), "and removes its state file");
 }
 
+/// A hierarchy under `dir` with one container cgroup, `c/one`, and a watcher configuration for VM `vm`
+/// of daemon `d` over TCP; returns the configuration's path.
+fn one_container_config(dir: &Path, d: &Daemon, vm: u32) -> PathBuf {
+    std::fs::create_dir_all(dir.join("c/one")).unwrap();
+    let cfg_path = dir.join("watch.toml");
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "cgroup_parent = {:?}\nstate_file = {:?}\n[daemon]\ntcp = {:?}\nvm = {vm}\n",
+            dir.join("c").display().to_string(),
+            dir.join("s.json").display().to_string(),
+            d.tcp.to_string()
+        ),
+    )
+    .unwrap();
+    cfg_path
+}
+
 #[test]
 fn the_cli_runs_one_round() {
     let v = vm(3);
     let d = Daemon::start(&[&v], "");
     let groups = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(groups.path().join("c/one")).unwrap();
-    let cfg_path = groups.path().join("watch.toml");
-    std::fs::write(
-        &cfg_path,
-        format!(
-            "cgroup_parent = {:?}\nstate_file = {:?}\n[daemon]\ntcp = {:?}\nvm = 3\n",
-            groups.path().join("c").display().to_string(),
-            groups.path().join("s.json").display().to_string(),
-            d.tcp.to_string()
-        ),
-    )
-    .unwrap();
+    let cfg_path = one_container_config(groups.path(), &d, 3);
     let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
         .args(["guest", "watch", "--once", "--config"])
         .arg(&cfg_path)
@@ -134,18 +141,7 @@ fn the_cli_runs_one_round() {
 fn regression_an_unregistered_vm_was_told_the_watcher_goes_on() {
     let d = Daemon::start(&[&vm(3)], "");
     let groups = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(groups.path().join("c/one")).unwrap();
-    let cfg_path = groups.path().join("watch.toml");
-    std::fs::write(
-        &cfg_path,
-        format!(
-            "cgroup_parent = {:?}\nstate_file = {:?}\n[daemon]\ntcp = {:?}\nvm = 9\n",
-            groups.path().join("c").display().to_string(),
-            groups.path().join("s.json").display().to_string(),
-            d.tcp.to_string()
-        ),
-    )
-    .unwrap();
+    let cfg_path = one_container_config(groups.path(), &d, 9);
     let out = Command::new(env!("CARGO_BIN_EXE_doubledecker"))
         .args(["guest", "watch", "--once", "--config"])
         .arg(&cfg_path)
