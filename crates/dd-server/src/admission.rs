@@ -21,6 +21,43 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
+/// Slots held per key (a VM's sessions here, a peer node's in `coop::slots`): a key is in the map only
+/// while it holds at least one.
+#[derive(Debug)]
+pub(crate) struct PerKey<K>(HashMap<K, usize>);
+
+impl<K> Default for PerKey<K> {
+    fn default() -> Self {
+        PerKey(HashMap::new())
+    }
+}
+
+impl<K: std::hash::Hash + Eq> PerKey<K> {
+    /// Takes one of `key`'s `max` slots; false when it holds them all.
+    pub(crate) fn take(&mut self, key: K, max: usize) -> bool {
+        if self.0.get(&key).is_some_and(|&n| n >= max) || max == 0 {
+            return false;
+        }
+        *self.0.entry(key).or_insert(0) += 1;
+        true
+    }
+
+    /// Gives one of `key`'s slots back.
+    pub(crate) fn give_back(&mut self, key: &K) {
+        if let Some(n) = self.0.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(key);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// Connections answered `busy` at the same time at most (each reads a HELLO for its request id);
 /// beyond it a refused connection is closed without an answer.
 pub const MAX_REFUSING: usize = 64;
@@ -30,7 +67,7 @@ struct Inner {
     total: usize,
     /// Connections in their handshake, oldest first, with the sender that tells one to close.
     handshaking: BTreeMap<u64, oneshot::Sender<()>>,
-    per_vm: HashMap<VmId, usize>,
+    per_vm: PerKey<VmId>,
     next_id: u64,
 }
 
@@ -130,14 +167,12 @@ impl HandshakeSlot {
             return Err(Refused::Displaced);
         };
         self.done = true;
-        let n = g.per_vm.entry(vm).or_insert(0);
-        if *n >= adm.max_per_vm {
+        if !g.per_vm.take(vm, adm.max_per_vm) {
             adm.release_total(&mut g);
             drop(g);
             adm.metrics.connections_rejected.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::VmLimit);
         }
-        *n += 1;
         Ok(SessionSlot { adm: adm.clone(), vm })
     }
 }
@@ -158,12 +193,7 @@ impl Drop for HandshakeSlot {
 impl Drop for SessionSlot {
     fn drop(&mut self) {
         let mut g = self.adm.inner.lock();
-        if let Some(n) = g.per_vm.get_mut(&self.vm) {
-            *n -= 1;
-            if *n == 0 {
-                g.per_vm.remove(&self.vm);
-            }
-        }
+        g.per_vm.give_back(&self.vm);
         self.adm.release_total(&mut g);
     }
 }

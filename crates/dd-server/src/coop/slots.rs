@@ -15,6 +15,7 @@
 //! Invariants: every slot is released exactly once (by `Drop`); a pool never holds more handshakes
 //! than its limit; the lock is a leaf held only for map updates.
 
+use crate::admission::PerKey;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -35,7 +36,7 @@ struct Inner {
     /// Each pool's handshakes, oldest first, with the sender that tells one to close.
     handshakes: HashMap<PoolKey, BTreeMap<u64, oneshot::Sender<()>>>,
     /// Sessions per authenticated node name.
-    sessions: HashMap<String, usize>,
+    sessions: PerKey<String>,
     next_id: u64,
 }
 
@@ -108,13 +109,9 @@ impl Handshake {
     pub fn authenticate(&mut self, name: &str) -> Option<Session> {
         let slots = self.slots.clone();
         self.release();
-        let mut g = slots.inner.lock();
-        let n = g.sessions.entry(name.to_string()).or_default();
-        if *n >= slots.per_peer {
+        if !slots.inner.lock().sessions.take(name.to_string(), slots.per_peer) {
             return None;
         }
-        *n += 1;
-        drop(g);
         Some(Session { slots, name: name.to_string() })
     }
 }
@@ -140,13 +137,7 @@ impl Drop for Handshake {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let mut g = self.slots.inner.lock();
-        if let Some(n) = g.sessions.get_mut(&self.name) {
-            *n -= 1;
-            if *n == 0 {
-                g.sessions.remove(&self.name);
-            }
-        }
+        self.slots.inner.lock().sessions.give_back(&self.name);
     }
 }
 
