@@ -19,6 +19,7 @@
 //!   attacks of `tenants`, and the daemon's tests).
 //! * [`cpu`]: another process's CPU time from `/proc/<pid>/stat` (what `server` charges each server).
 
+pub mod certs;
 pub mod cpu;
 pub mod daemon;
 pub mod dedup;

@@ -6,7 +6,9 @@
 //! and `message` of the JSON error body (`unknown_pool`, `bad_request`, ...), so callers match on the
 //! code, not on message text.
 
+use crate::tls::{client_config, TlsError};
 use serde::de::DeserializeOwned;
+use std::path::Path;
 use std::time::Duration;
 
 /// Errors of an admin API call; each names the call (`method path`).
@@ -56,6 +58,18 @@ impl AdminClient {
         let addr = addr.trim_end_matches('/');
         let base = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
         AdminClient { base, agent: ureq::AgentBuilder::new().timeout(timeout).build() }
+    }
+
+    /// An admin API behind TLS: `addr` is `host:port` or `https://host:port`, and the daemon's
+    /// certificate must chain to a CA of the PEM file `ca_file` (and name the host of `addr`).
+    pub fn with_tls(addr: &str, timeout: Duration, ca_file: &Path) -> Result<AdminClient, TlsError> {
+        let addr = addr.trim_end_matches('/');
+        let base = match addr.split_once("://") {
+            Some((_, rest)) => format!("https://{rest}"),
+            None => format!("https://{addr}"),
+        };
+        let agent = ureq::AgentBuilder::new().timeout(timeout).tls_config(client_config(ca_file)?).build();
+        Ok(AdminClient { base, agent })
     }
 
     pub fn base_url(&self) -> &str {

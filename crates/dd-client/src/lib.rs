@@ -23,8 +23,10 @@
 
 pub mod admin;
 pub mod reconnect;
+pub mod tls;
 
 pub use reconnect::{Backoff, BackoffPolicy, Endpoint, Link, PoolRef, Session};
+pub use tls::{TlsClient, TlsError};
 
 use dd_engine::{Key, PoolId, PoolOptions, PoolStats, PutOutcome, Spec, VmStats};
 use dd_proto::frame::{split_frame, Header};
@@ -64,6 +66,9 @@ pub enum ClientError {
     /// in it are gone (a persistent pool's pages too). Nothing was sent.
     #[error("pool {pool} was lost: the daemon restarted")]
     PoolLost { pool: PoolId },
+    /// The TLS configuration cannot be used (its CA file, the server name); nothing was sent.
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 impl ClientError {
@@ -99,6 +104,7 @@ impl ClientError {
             ClientError::InvalidArgument(_) => "invalid_argument",
             ClientError::Unavailable { .. } => "unavailable",
             ClientError::PoolLost { .. } => "pool_lost",
+            ClientError::Tls(_) => "tls_config",
         }
     }
 }
@@ -108,6 +114,8 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 enum Transport {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TCP under TLS (boxed: rustls's connection state is a few KiB).
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
 }
 
 impl Read for Transport {
@@ -115,6 +123,7 @@ impl Read for Transport {
         match self {
             Transport::Tcp(s) => s.read(buf),
             Transport::Unix(s) => s.read(buf),
+            Transport::Tls(s) => s.read(buf),
         }
     }
 }
@@ -124,10 +133,15 @@ impl Write for Transport {
         match self {
             Transport::Tcp(s) => s.write(buf),
             Transport::Unix(s) => s.write(buf),
+            Transport::Tls(s) => s.write(buf),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        match self {
+            // Sockets are unbuffered here; a TLS stream may hold records not yet written.
+            Transport::Tcp(_) | Transport::Unix(_) => Ok(()),
+            Transport::Tls(s) => s.flush(),
+        }
     }
 }
 
@@ -169,6 +183,27 @@ impl Client {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         Client::handshake(Transport::Tcp(s), vm, token)
+    }
+
+    /// Connects over TCP under TLS (trusting the CAs of `tls`) and authenticates as `vm`.
+    pub fn connect_tls(addr: &str, tls: &TlsClient, vm: u32, token: &str) -> Result<Client> {
+        let (config, name) = (tls.config()?, tls.name_for(addr)?);
+        Client::connect_tls_with(addr, config, name, vm, token)
+    }
+
+    /// [`Client::connect_tls`] with a configuration loaded once (a reconnecting client's, a benchmark's).
+    pub fn connect_tls_with(
+        addr: &str,
+        config: std::sync::Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+        vm: u32,
+        token: &str,
+    ) -> Result<Client> {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        let conn = rustls::ClientConnection::new(config, name)
+            .map_err(|e| ClientError::Io(std::io::Error::other(e)))?;
+        Client::handshake(Transport::Tls(Box::new(rustls::StreamOwned::new(conn, s))), vm, token)
     }
 
     /// Connects over a Unix socket and authenticates as `vm`.
@@ -236,6 +271,7 @@ impl Client {
     pub fn flush(&mut self) -> Result<()> {
         if !self.wbuf.is_empty() {
             self.rd.get_mut().write_all(&self.wbuf)?;
+            self.rd.get_mut().flush()?;
             self.wbuf.clear();
         }
         Ok(())

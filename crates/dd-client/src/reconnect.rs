@@ -32,6 +32,8 @@ pub struct Endpoint {
     pub unix_socket: Option<PathBuf>,
     /// TCP address `host:port`.
     pub tcp: Option<String>,
+    /// TLS over the TCP address (`None`: plain TCP; never used for the Unix socket).
+    pub tls: Option<crate::TlsClient>,
     pub vm: u32,
     pub token: String,
 }
@@ -47,6 +49,7 @@ impl Endpoint {
     pub fn address(&self) -> String {
         match (&self.unix_socket, &self.tcp) {
             (Some(p), _) => format!("unix:{}", p.display()),
+            (None, Some(a)) if self.tls.is_some() => format!("tls:{a}"),
             (None, Some(a)) => format!("tcp:{a}"),
             (None, None) => "(no address)".into(),
         }
@@ -56,7 +59,10 @@ impl Endpoint {
     pub fn connect(&self) -> Result<Client> {
         match (&self.unix_socket, &self.tcp) {
             (Some(p), _) => Client::connect_unix(p, self.vm, &self.token),
-            (None, Some(a)) => Client::connect_tcp(a.as_str(), self.vm, &self.token),
+            (None, Some(a)) => match &self.tls {
+                Some(tls) => Client::connect_tls(a, tls, self.vm, &self.token),
+                None => Client::connect_tcp(a.as_str(), self.vm, &self.token),
+            },
             (None, None) => Err(ClientError::InvalidArgument("no daemon address".into())),
         }
     }
@@ -395,8 +401,13 @@ mod tests {
     #[test]
     fn an_unreachable_daemon_is_not_tried_again_during_the_backoff() {
         let dir = tempfile::tempdir().unwrap();
-        let ep =
-            Endpoint { unix_socket: Some(dir.path().join("none.sock")), tcp: None, vm: 1, token: "t".into() };
+        let ep = Endpoint {
+            unix_socket: Some(dir.path().join("none.sock")),
+            tcp: None,
+            tls: None,
+            vm: 1,
+            token: "t".into(),
+        };
         let policy = BackoffPolicy { initial: Duration::from_secs(30), max: Duration::from_secs(60) };
         let link = Link::new(ep, policy, "test");
         assert!(matches!(link.connect(), Err(ClientError::Io(_))), "the first attempt is made");

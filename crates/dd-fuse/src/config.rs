@@ -170,13 +170,8 @@ impl FuseConfig {
         let bad = |field: &str, reason: &str| {
             Err(ConfigError::Invalid { field: field.to_string(), reason: reason.to_string() })
         };
-        if let Some(d) = &self.daemon {
-            if d.unix_socket.is_none() && d.tcp.is_none() {
-                return bad("daemon.unix_socket", "set it or daemon.tcp");
-            }
-            if d.data_token.is_empty() {
-                return bad("daemon.data_token", "empty (set it or DD_VM_DATA_TOKEN)");
-            }
+        if let Some(Err((field, reason))) = self.daemon.as_ref().map(|d| d.check()) {
+            return bad(field, &reason);
         }
         if self.default_budget_bytes < PAGE_SIZE as u64 {
             return bad("default_budget_bytes", "must be at least one page (4096)");
@@ -257,6 +252,7 @@ mod tests {
                 tcp: Some("x:1".into()),
                 vm: 1,
                 data_token: "".into(),
+                ..DaemonConfig::default()
             }),
             ..FuseConfig::default()
         };

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Where the daemon is and who we are.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonConfig {
     /// Unix socket of the daemon's data plane (preferred), or...
@@ -46,6 +46,13 @@ pub struct DaemonConfig {
     /// The VM's data-plane token; `DD_VM_DATA_TOKEN` in the environment overrides it.
     #[serde(default)]
     pub data_token: String,
+    /// TLS to `tcp` (the daemon's `[tls]` on): the PEM file of the CA that signed the daemon's
+    /// certificate, the only CA trusted. Default: none (plain TCP). Never used on the Unix socket.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// The name the daemon's certificate must carry. Default: the host part of `tcp`.
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
 }
 
 /// A container's settings.
@@ -130,11 +137,8 @@ impl WatchConfig {
 
     pub fn validate(&self) -> Result<(), WatchError> {
         let bad = |field, reason: &str| Err(WatchError::Config { field, reason: reason.into() });
-        if self.daemon.unix_socket.is_none() && self.daemon.tcp.is_none() {
-            return bad("daemon.unix_socket", "set it or daemon.tcp");
-        }
-        if self.daemon.data_token.is_empty() {
-            return bad("daemon.data_token", "empty (set it or DD_VM_DATA_TOKEN)");
+        if let Err((field, reason)) = self.daemon.check() {
+            return bad(field, &reason);
         }
         if self.poll_interval_ms == 0 {
             return bad("poll_interval_ms", "must be at least 1");
@@ -154,9 +158,34 @@ impl DaemonConfig {
         Endpoint {
             unix_socket: self.unix_socket.clone(),
             tcp: self.tcp.clone(),
+            tls: self.tls_ca_file.as_ref().map(|ca| dd_client::TlsClient {
+                ca_file: ca.clone(),
+                server_name: self.tls_server_name.clone(),
+            }),
             vm: self.vm,
             token: self.data_token.clone(),
         }
+    }
+
+    /// The first unusable field (`daemon.` path and reason), for the validate() of each configuration
+    /// that holds a `[daemon]` table (the watcher's, the mount's, the guest provisioner's).
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.unix_socket.is_none() && self.tcp.is_none() {
+            return Err(("daemon.unix_socket", "set it or daemon.tcp".into()));
+        }
+        if self.data_token.is_empty() {
+            return Err(("daemon.data_token", "empty (set it or DD_VM_DATA_TOKEN)".into()));
+        }
+        if self.tls_server_name.is_some() && self.tls_ca_file.is_none() {
+            return Err((
+                "daemon.tls_server_name",
+                "set daemon.tls_ca_file too (TLS is off without it)".into(),
+            ));
+        }
+        if self.tls_ca_file.is_some() && self.tcp.is_none() {
+            return Err(("daemon.tls_ca_file", "TLS is for daemon.tcp (the Unix socket is plain)".into()));
+        }
+        Ok(())
     }
 }
 
@@ -468,5 +497,23 @@ mod tests {
         let mut bad = cfg.clone();
         bad.daemon.data_token.clear();
         assert!(bad.validate().unwrap_err().to_string().contains("daemon.data_token"));
+    }
+
+    /// TLS keys of `[daemon]`: the CA makes the TCP endpoint TLS; a server name without a CA, or a CA
+    /// with only the (always plain) Unix socket, names the field.
+    #[test]
+    fn daemon_tls_keys_make_a_tls_endpoint_or_name_the_bad_field() {
+        let d: DaemonConfig = toml::from_str(
+            "tcp = \"host.example:7421\"\nvm = 2\ndata_token = \"t\"\ntls_ca_file = \"/etc/dd/ca.pem\"\n",
+        )
+        .unwrap();
+        d.check().unwrap();
+        let ep = d.endpoint();
+        assert_eq!(ep.address(), "tls:host.example:7421");
+        assert_eq!(ep.tls.as_ref().map(|t| t.ca_file.clone()), Some(PathBuf::from("/etc/dd/ca.pem")));
+        let name_only = DaemonConfig { tls_ca_file: None, tls_server_name: Some("h".into()), ..d.clone() };
+        assert_eq!(name_only.check().unwrap_err().0, "daemon.tls_server_name");
+        let unix_only = DaemonConfig { tcp: None, unix_socket: Some("dd.sock".into()), ..d };
+        assert_eq!(unix_only.check().unwrap_err().0, "daemon.tls_ca_file");
     }
 }

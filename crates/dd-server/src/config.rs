@@ -34,6 +34,9 @@ pub struct ServerConfig {
     /// Recording of connections for fuzzing corpora (`capture` module). Default off.
     #[serde(default)]
     pub capture: CaptureConfig,
+    /// TLS on the data plane's TCP listener and the admin API (`tls` module). Default off.
+    #[serde(default)]
+    pub tls: TlsConfig,
     /// VMs registered at start. Default none.
     #[serde(default)]
     pub vms: Vec<VmConfig>,
@@ -50,6 +53,29 @@ pub struct ListenConfig {
     pub admin: String,
     /// Where to write the bound addresses as JSON once listening; empty: nowhere. Default empty.
     pub ready_file: PathBuf,
+}
+
+/// TLS on the TCP listeners that guests and operators may reach over a network (`crate::tls`,
+/// docs/decisions.md D30). Off while `cert_file` is empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM file of the daemon's certificate chain, leaf first, relative to `data_dir`; empty: TLS off.
+    /// Default empty.
+    pub cert_file: PathBuf,
+    /// PEM file of the certificate's private key (PKCS#8, PKCS#1 or SEC1), relative to `data_dir`.
+    /// Default empty.
+    pub key_file: PathBuf,
+    /// TLS on the data plane's TCP listener (the Unix socket stays plain). Default true.
+    pub data_plane: bool,
+    /// TLS on the admin API's listener (`https://`). Default true.
+    pub admin: bool,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig { cert_file: PathBuf::new(), key_file: PathBuf::new(), data_plane: true, admin: true }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -439,6 +465,12 @@ impl ServerConfig {
         e
     }
 
+    /// The certificate and key files (resolved in `data_dir`) when TLS is on.
+    pub fn tls_files(&self) -> Option<(PathBuf, PathBuf)> {
+        (!self.tls.cert_file.as_os_str().is_empty())
+            .then(|| (self.in_data_dir(&self.tls.cert_file), self.in_data_dir(&self.tls.key_file)))
+    }
+
     pub fn unix_socket_path(&self) -> Option<PathBuf> {
         (!self.listen.unix_socket.as_os_str().is_empty()).then(|| self.in_data_dir(&self.listen.unix_socket))
     }
@@ -461,6 +493,18 @@ impl ServerConfig {
                 .parse()
                 .map_err(|_| invalid("listen.tcp", "not an address like 127.0.0.1:7411"))?;
             let _ = a;
+        }
+        let (cert, key) = (&self.tls.cert_file, &self.tls.key_file);
+        match (cert.as_os_str().is_empty(), key.as_os_str().is_empty()) {
+            (true, false) => return Err(invalid("tls.cert_file", "empty while tls.key_file is set")),
+            (false, true) => return Err(invalid("tls.key_file", "empty while tls.cert_file is set")),
+            (false, false) if !self.tls.data_plane && !self.tls.admin => {
+                return Err(invalid(
+                    "tls.data_plane",
+                    "false with tls.admin false: the certificate is unused",
+                ))
+            }
+            _ => {}
         }
         if self.listen.tcp.is_empty() && self.listen.unix_socket.as_os_str().is_empty() {
             return Err(invalid("listen", "at least one of listen.tcp and listen.unix_socket is needed"));

@@ -33,6 +33,7 @@ pub mod net;
 pub mod persist;
 pub mod provisioner;
 pub mod state;
+pub mod tls;
 pub mod ui;
 
 pub use config::ServerConfig;
@@ -88,6 +89,12 @@ pub struct Bound {
     /// This start's instance id (what HELLO returns), as 16 hex digits.
     #[serde(default)]
     pub instance: String,
+    /// TLS on the data plane's TCP listener (`[tls]`).
+    #[serde(default)]
+    pub tls_data_plane: bool,
+    /// TLS on the admin API (`https://`).
+    #[serde(default)]
+    pub tls_admin: bool,
 }
 
 /// Resolves the host admin token: from the configuration, else from the token file, else a fresh one
@@ -241,6 +248,14 @@ pub async fn run(
     let coop_conns = if cfg.coop.enabled { cfg.coop.max_connections } else { 0 };
     raise_nofile((cfg.limits.max_connections + admission::MAX_REFUSING + coop_conns + 256) as u64);
     let state = Arc::new(ServerState::new(&cfg, &token)?);
+    // TLS (`tls` module): loaded before anything listens, so a bad certificate or key fails the start.
+    let (data_tls, admin_tls) = match cfg.tls_files() {
+        Some((cert, key)) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(&cert, &key)?);
+            (cfg.tls.data_plane.then(|| acceptor.clone()), cfg.tls.admin.then_some(acceptor))
+        }
+        None => (None, None),
+    };
 
     let tcp = if cfg.listen.tcp.is_empty() {
         None
@@ -282,6 +297,20 @@ pub async fn run(
     } else {
         None
     };
+    // Tokens and pages in clear on a network: allowed (a private network may be trusted), said once.
+    for (what, addr, on) in [
+        ("data plane (listen.tcp)", tcp.as_ref().and_then(|l| l.local_addr().ok()), data_tls.is_some()),
+        ("admin API (listen.admin)", admin_listener.local_addr().ok(), admin_tls.is_some()),
+    ] {
+        if let (Some(a), false) = (addr, on) {
+            if !tls::is_loopback(&a) {
+                tracing::warn!(
+                    "the {what} listens on {a}, beyond loopback, without TLS: tokens and pages cross the \
+                     network in clear (set [tls] cert_file and key_file)"
+                );
+            }
+        }
+    }
     let bound = Bound {
         coop: coop_listener.as_ref().and_then(|l| l.local_addr().ok()),
         tcp: tcp.as_ref().and_then(|l| l.local_addr().ok()),
@@ -290,6 +319,8 @@ pub async fn run(
         pid: std::process::id(),
         token_file,
         instance: format!("{:016x}", state.instance),
+        tls_data_plane: data_tls.is_some(),
+        tls_admin: admin_tls.is_some(),
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -306,12 +337,16 @@ pub async fn run(
         let (state, stop, done, sessions) =
             (state.clone(), stop_rx.clone(), done_tx.clone(), sessions.clone());
         let l = rehome_listener(l.into_std(), &on_hs, tokio::net::TcpListener::from_std)?;
+        let tls = data_tls.clone();
         accept_tasks.push(spawn_accept_loop(
             &on_hs,
             "tcp",
             stop_rx.clone(),
             accept_tcp(Arc::new(l)),
-            move |s| net::spawn_connection(&state, &sessions, s, stop.clone(), done.clone()),
+            move |s| match &tls {
+                Some(a) => net::spawn_tls_connection(&state, &sessions, a, s, stop.clone(), done.clone()),
+                None => net::spawn_connection(&state, &sessions, s, stop.clone(), done.clone()),
+            },
         ));
     }
     if let Some(l) = unix {
@@ -401,8 +436,13 @@ pub async fn run(
 
     let router = admin::router(state.clone());
     let mut admin_stop = stop_rx.clone();
+    let admin_listener = match admin_tls {
+        Some(a) => admin_listener::AdminListener::tls(admin_listener, a, state.handshake_timeout),
+        None => admin_listener::AdminListener::plain(admin_listener),
+    }
+    .map_err(|e| ServerError::Io(format!("admin listener: {e}")))?;
     let admin_task = tokio::spawn(async move {
-        axum::serve(admin_listener::AdminListener(admin_listener), router)
+        axum::serve(admin_listener, router)
             .with_graceful_shutdown(async move {
                 let _ = admin_stop.changed().await;
             })

@@ -119,34 +119,70 @@ pub fn spawn_connection<S, D>(
 {
     let slot = state.admission.accept();
     let (state, sessions) = (state.clone(), sessions.clone());
+    tokio::spawn(run_connection(state, sessions, slot, stream, shutdown, done));
+}
+
+/// [`spawn_connection`] for the TCP listener under TLS (`crate::tls`): the TLS handshake runs first,
+/// in the connection's slot and within `limits.handshake_timeout_ms`, then the HELLO as on any stream,
+/// within the same time again (a refused connection is told `busy` inside TLS).
+pub fn spawn_tls_connection<D>(
+    state: &Arc<ServerState>,
+    sessions: &Handle,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    shutdown: watch::Receiver<bool>,
+    done: D,
+) where
+    D: Send + 'static,
+{
+    let slot = state.admission.accept();
+    let (state, sessions, acceptor) = (state.clone(), sessions.clone(), acceptor.clone());
+    let limit = state.handshake_timeout;
     tokio::spawn(async move {
-        match slot {
-            Some(slot) => {
-                let mut rec = state.recorder(Channel::Data);
-                if let Some((stream, sess, session_slot, leftover)) =
-                    handshake(&state, stream, shutdown.clone(), slot, &mut rec).await
-                {
-                    // Registered with the session runtime's reactor, then served there.
-                    match stream.rehome(&sessions) {
-                        Ok(stream) => {
-                            sessions.spawn(async move {
-                                serve_session(state, stream, sess, leftover, shutdown, rec).await;
-                                drop(session_slot);
-                                drop(done);
-                            });
-                        }
-                        Err(e) => {
-                            tracing::warn!("moving an authenticated connection to the session runtime: {e}")
-                        }
+        if let Some(stream) = crate::tls::accept(&acceptor, stream, limit).await {
+            run_connection(state, sessions, slot, stream, shutdown, done).await;
+        }
+    });
+}
+
+/// A connection's life from its slot (`None`: every slot is held by a session) to its end.
+async fn run_connection<S, D>(
+    state: Arc<ServerState>,
+    sessions: Handle,
+    slot: Option<HandshakeSlot>,
+    stream: S,
+    shutdown: watch::Receiver<bool>,
+    done: D,
+) where
+    S: AsyncRead + AsyncWrite + Rehome + Unpin + Send + 'static,
+    D: Send + 'static,
+{
+    match slot {
+        Some(slot) => {
+            let mut rec = state.recorder(Channel::Data);
+            if let Some((stream, sess, session_slot, leftover)) =
+                handshake(&state, stream, shutdown.clone(), slot, &mut rec).await
+            {
+                // Registered with the session runtime's reactor, then served there.
+                match stream.rehome(&sessions) {
+                    Ok(stream) => {
+                        sessions.spawn(async move {
+                            serve_session(state, stream, sess, leftover, shutdown, rec).await;
+                            drop(session_slot);
+                            drop(done);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!("moving an authenticated connection to the session runtime: {e}")
                     }
                 }
             }
-            None => {
-                refuse(&state, stream).await;
-                drop(done);
-            }
         }
-    });
+        None => {
+            refuse(&state, stream).await;
+            drop(done);
+        }
+    }
 }
 
 /// Sleeps `d`, or forever for `None`.

@@ -21,7 +21,11 @@ fn serve() -> (tokio::runtime::Runtime, tempfile::TempDir, std::net::SocketAddr)
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
     rt.spawn(async move {
-        axum::serve(dd_server::admin_listener::AdminListener(listener), dd_server::admin::router(state)).await
+        axum::serve(
+            dd_server::admin_listener::AdminListener::plain(listener).unwrap(),
+            dd_server::admin::router(state),
+        )
+        .await
     });
     (rt, dir, addr)
 }

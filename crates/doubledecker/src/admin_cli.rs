@@ -12,12 +12,17 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 
 /// The admin API's address. Every command that talks to the admin API takes the same form,
-/// `http://HOST:PORT` (a bare `HOST:PORT` is read as `http://HOST:PORT`).
+/// `http://HOST:PORT` (a bare `HOST:PORT` is read as `http://HOST:PORT`), or `https://HOST:PORT` for a
+/// daemon whose admin listener has TLS on, with the CA file that signed its certificate.
 #[derive(Args, Debug, Clone)]
 pub struct ApiUrl {
-    /// Admin API base URL, `http://HOST:PORT`.
+    /// Admin API base URL, `http://HOST:PORT` (or `https://HOST:PORT` with --tls-ca).
     #[arg(long, env = "DD_ADMIN_URL", default_value = "http://127.0.0.1:7412", global = true)]
     admin_url: String,
+    /// For an `https://` admin URL: the PEM file of the CA that signed the daemon's certificate (the only
+    /// CA trusted).
+    #[arg(long, env = "DD_TLS_CA_FILE", global = true)]
+    tls_ca: Option<PathBuf>,
 }
 
 /// Host scope (`vm ...`): the host admin token.
@@ -92,7 +97,21 @@ fn vm_token(token: &Option<String>) -> Result<String> {
 
 impl ApiUrl {
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value> {
-        Ok(AdminClient::new(&self.admin_url).call(method, path, token, body.as_ref())?)
+        Ok(self.client()?.call(method, path, token, body.as_ref())?)
+    }
+
+    /// The admin client for this URL: TLS for `https://` (which needs --tls-ca), plain otherwise.
+    fn client(&self) -> Result<AdminClient> {
+        let timeout = dd_client::admin::DEFAULT_TIMEOUT;
+        match (self.admin_url.starts_with("https://"), &self.tls_ca) {
+            (true, Some(ca)) => Ok(AdminClient::with_tls(&self.admin_url, timeout, ca)?),
+            (true, None) => bail!(
+                "{} is https: give the PEM file of the CA that signed the daemon's certificate \
+                 (--tls-ca FILE or DD_TLS_CA_FILE)",
+                self.admin_url
+            ),
+            (false, _) => Ok(AdminClient::with_timeout(&self.admin_url, timeout)),
+        }
     }
 }
 
@@ -251,7 +270,7 @@ pub fn vm(c_: &HostConn, c: VmCommand) -> Result<()> {
     match c {
         VmCommand::Add { id, mem_weight, ssd_weight, format } => {
             let body = json!({ "id": id, "weights": { "mem": mem_weight, "ssd": ssd_weight } });
-            let r = match AdminClient::new(&conn.admin_url).call("POST", "/v1/vms", &t, Some(&body)) {
+            let r = match conn.client()?.call("POST", "/v1/vms", &t, Some(&body)) {
                 Ok(r) => r,
                 // `eval "$(vm add ID --env)"` on a VM that exists would set nothing: say what to run.
                 Err(e) if e.code() == Some("vm_exists") => bail!(

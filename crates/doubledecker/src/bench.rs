@@ -106,6 +106,10 @@ pub struct ServerArgs {
     /// before/after comparisons with one load generator: two builds' daemons driven by the same client.
     #[arg(long)]
     daemon_exe: Option<PathBuf>,
+    /// Our daemon with TLS on its data plane (`[tls]`, a CA and certificate made for the run); each row
+    /// also measures the same daemon without TLS under the same load, and prints TLS / plain.
+    #[arg(long)]
+    tls: bool,
 }
 
 #[derive(Args, Debug)]
@@ -380,6 +384,7 @@ fn server(a: ServerArgs) -> Result<()> {
         zipf_theta: a.zipf,
         seconds: a.seconds,
         seed: a.seed,
+        tls: a.tls,
         ..Default::default()
     };
     let r = dd_bench::server::run(&opts, &mut |msg| errln!("bench server: {msg}"))
@@ -414,7 +419,7 @@ fn server(a: ServerArgs) -> Result<()> {
         "idle"
     );
     for row in &r.rows {
-        for s in std::iter::once(&row.doubledecker).chain(row.memcached.as_ref()) {
+        for s in std::iter::once(&row.doubledecker).chain(&row.plain).chain(&row.memcached) {
             outln!(
                 "{:>5} {:<14} {:>12.0} {:>9.3} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us {:>10.2} {:>10.2} {:>5.0}%",
                 row.connections,
@@ -435,6 +440,9 @@ fn server(a: ServerArgs) -> Result<()> {
                 "{:>5} ops/s ratio {x:.2} (target >= 1.5), CPU/op ratio {c:.2} (target <= 0.67), p99 no worse: {p99}",
                 row.connections
             );
+        }
+        if let (Some(x), Some(p50)) = (row.tls_ratio_ops, row.tls_ratio_get_p50) {
+            outln!("{:>5} TLS / plain: ops/s {x:.2}, get p50 {p50:.2}", row.connections);
         }
     }
     Ok(())

@@ -23,6 +23,9 @@ pub struct MountArgs {
     /// The daemon's data-plane TCP address, instead of --socket.
     #[arg(long)]
     tcp: Option<String>,
+    /// TLS to --tcp: the PEM file of the CA that signed the daemon's certificate (the daemon's `[tls]`).
+    #[arg(long, env = "DD_TLS_CA_FILE")]
+    tls_ca: Option<PathBuf>,
     /// This VM's id on the daemon.
     #[arg(long)]
     vm: Option<u32>,
@@ -52,12 +55,7 @@ fn config(a: &MountArgs) -> Result<FuseConfig> {
         None => FuseConfig::default(),
     };
     if a.socket.is_some() || a.tcp.is_some() || a.vm.is_some() {
-        let d = cfg.daemon.get_or_insert(DaemonConfig {
-            unix_socket: None,
-            tcp: None,
-            vm: 0,
-            data_token: String::new(),
-        });
+        let d = cfg.daemon.get_or_insert_with(DaemonConfig::default);
         if a.socket.is_some() || a.tcp.is_some() {
             d.unix_socket = a.socket.clone();
             d.tcp = a.tcp.clone();
@@ -68,6 +66,9 @@ fn config(a: &MountArgs) -> Result<FuseConfig> {
     }
     if let (Some(d), Some(t)) = (cfg.daemon.as_mut(), &a.token) {
         d.data_token = t.clone();
+    }
+    if let (Some(d), Some(ca)) = (cfg.daemon.as_mut(), &a.tls_ca) {
+        d.tls_ca_file = Some(ca.clone());
     }
     if let Some(p) = &a.cgroup_parent {
         cfg.cgroup_parent = Some(p.clone());

@@ -74,9 +74,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         dd_server::shutdown_signal()
     };
     rt.block_on(dd_server::run(cfg, signal, |b| {
-        let tcp = b.tcp.map_or("off".to_string(), |a| a.to_string());
+        let tcp = match (b.tcp, b.tls_data_plane) {
+            (None, _) => "off".to_string(),
+            (Some(a), false) => a.to_string(),
+            (Some(a), true) => format!("{a} (TLS)"),
+        };
         let unix = b.unix.as_ref().map_or("off".to_string(), |p| p.display().to_string());
-        errln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API http://{}", b.admin);
+        let scheme = if b.tls_admin { "https" } else { "http" };
+        errln!("doubledecker serve: data plane tcp {tcp}, unix {unix}; admin API {scheme}://{}", b.admin);
         if let Some(t) = &b.token_file {
             errln!("doubledecker serve: host admin token in {}", t.display());
         }

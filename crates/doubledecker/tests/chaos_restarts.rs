@@ -183,7 +183,13 @@ fn chaos_daemon_sigkills_readers_see_no_error_hits_resume_and_the_watcher_adopts
         .collect();
 
     // A persistent pool's client (as a frontswap would be), its own session.
-    let ep = Endpoint { unix_socket: Some(d.unix.clone()), tcp: None, vm: v.id, token: v.data_token.clone() };
+    let ep = Endpoint {
+        unix_socket: Some(d.unix.clone()),
+        tcp: None,
+        tls: None,
+        vm: v.id,
+        token: v.data_token.clone(),
+    };
     let mut swap = Session::new(ep, BackoffPolicy::default(), "chaos swap client");
 
     let mut resumed = Vec::new();

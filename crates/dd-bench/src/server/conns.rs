@@ -94,8 +94,17 @@ fn dd_key(k: u64) -> Key {
 }
 
 impl DdConn {
-    pub fn connect(addr: SocketAddr, vm: &BenchVm, pool: PoolId) -> Result<DdConn> {
-        let client = dd_client::Client::connect_tcp(addr, vm.id, &vm.data_token)?;
+    /// A connection over TCP, under TLS when `tls` is given.
+    pub fn connect(
+        addr: SocketAddr,
+        tls: Option<&dd_client::TlsClient>,
+        vm: &BenchVm,
+        pool: PoolId,
+    ) -> Result<DdConn> {
+        let client = match tls {
+            Some(t) => dd_client::Client::connect_tls(&addr.to_string(), t, vm.id, &vm.data_token)?,
+            None => dd_client::Client::connect_tcp(addr, vm.id, &vm.data_token)?,
+        };
         Ok(DdConn { client, pool, pending: VecDeque::new(), keybuf: Vec::new() })
     }
 

@@ -74,6 +74,8 @@ pub enum ServerBenchError {
     Io(#[from] std::io::Error),
     #[error("{server} returned the wrong value for key {key}")]
     Corrupt { server: &'static str, key: u64 },
+    #[error(transparent)]
+    Certs(#[from] crate::certs::CertError),
 }
 
 type Result<T> = std::result::Result<T, ServerBenchError>;
@@ -107,6 +109,9 @@ pub struct ServerBenchOptions {
     /// Measured time per server. Default 5 s.
     pub seconds: f64,
     pub seed: u64,
+    /// Our daemon with TLS on its data plane (`[tls]`, certificates made for the run), and the same
+    /// build without TLS measured in the same row as its baseline. Default false.
+    pub tls: bool,
 }
 
 impl Default for ServerBenchOptions {
@@ -124,6 +129,7 @@ impl Default for ServerBenchOptions {
             warmup_secs: 1.0,
             seconds: 5.0,
             seed: 0x5eed,
+            tls: false,
         }
     }
 }
@@ -198,6 +204,13 @@ pub struct ServerBenchRow {
     pub ratio_cpu: Option<f64>,
     /// Our get p99 and put p99 are each at most memcached's.
     pub p99_no_worse: Option<bool>,
+    /// With `tls`: the same daemon build without TLS, under the same load (`doubledecker` is then the
+    /// TLS one).
+    pub plain: Option<ServerResult>,
+    /// With `tls`: TLS / plain ops/s.
+    pub tls_ratio_ops: Option<f64>,
+    /// With `tls`: TLS / plain get p50.
+    pub tls_ratio_get_p50: Option<f64>,
 }
 
 /// The report printed by `doubledecker bench server --json`: one row per connection count.
@@ -408,28 +421,19 @@ fn run_row(
         o.keys, spec.connections, o.seconds
     ));
     let vm = BenchVm::new(1);
-    let ours = {
-        let daemon = Daemon::start(&DaemonOptions {
-            exe: o.exe.clone(),
-            mem_capacity_bytes: dd_mib << 20,
-            ssd_capacity_bytes: 0,
-            vms: vec![vm.clone()],
-            // The load's connections and the one that created the pool are one VM's: above the
-            // default 64 per VM a sweep's largest count would be answered `busy` (memcached is started
-            // with `-c 1024`).
-            extra_toml: format!("[limits]\nmax_connections_per_vm = {}\n", (spec.connections + 1).max(64)),
-        })?;
-        let mut admin = dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?;
-        let pool = admin.create_cgroup(PoolOptions {
-            kind: PoolKind::Ephemeral,
-            spec: Spec::Mem { weight: 100 },
-            order: EvictionOrder::default(),
-            exclusive_gets: false,
-        })?;
-        let r = run_load("doubledecker", spec, daemon.pid, |_| DdConn::connect(daemon.tcp, &vm, pool))?;
-        let mut d = daemon;
-        d.stop(Duration::from_secs(10))?;
-        r
+    let certs_dir = tempfile::tempdir()?;
+    let ours = match o.tls {
+        true => {
+            let certs = crate::certs::make_certs(certs_dir.path())?;
+            run_ours(o, spec, dd_mib, &vm, Some(&certs))?
+        }
+        false => run_ours(o, spec, dd_mib, &vm, None)?,
+    };
+    let plain = if o.tls {
+        progress(&format!("doubledecker without TLS: the same load, {} connections", spec.connections));
+        Some(run_ours(o, spec, dd_mib, &vm, None)?)
+    } else {
+        None
     };
 
     let theirs = if o.against_memcached {
@@ -452,7 +456,49 @@ fn run_row(
         p99_no_worse: theirs
             .as_ref()
             .map(|m| ours.get_p99_us <= m.get_p99_us && ours.put_p99_us <= m.put_p99_us),
+        tls_ratio_ops: plain.as_ref().map(|p| ours.ops_per_s / p.ops_per_s),
+        tls_ratio_get_p50: plain.as_ref().map(|p| ours.get_p50_us / p.get_p50_us),
         doubledecker: ours,
         memcached: theirs,
+        plain,
     })
+}
+
+/// Our daemon, started afresh, under `spec`'s load (with TLS on its data plane when `certs` is given).
+fn run_ours(
+    o: &ServerBenchOptions,
+    spec: &LoadSpec,
+    dd_mib: u64,
+    vm: &BenchVm,
+    certs: Option<&crate::certs::Certs>,
+) -> Result<ServerResult> {
+    let daemon = Daemon::start(&DaemonOptions {
+        exe: o.exe.clone(),
+        mem_capacity_bytes: dd_mib << 20,
+        ssd_capacity_bytes: 0,
+        vms: vec![vm.clone()],
+        // The load's connections and the one that created the pool are one VM's: above the default 64
+        // per VM a sweep's largest count would be answered `busy` (memcached is started with `-c 1024`).
+        extra_toml: format!(
+            "[limits]\nmax_connections_per_vm = {}\n{}",
+            (spec.connections + 1).max(64),
+            certs.map(|c| c.tls_toml()).unwrap_or_default()
+        ),
+    })?;
+    let tls = certs.map(|c| dd_client::TlsClient { ca_file: c.ca.clone(), server_name: None });
+    let mut admin = match &tls {
+        Some(t) => dd_client::Client::connect_tls(&daemon.tcp.to_string(), t, vm.id, &vm.data_token)?,
+        None => dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?,
+    };
+    let pool = admin.create_cgroup(PoolOptions {
+        kind: PoolKind::Ephemeral,
+        spec: Spec::Mem { weight: 100 },
+        order: EvictionOrder::default(),
+        exclusive_gets: false,
+    })?;
+    let name = if tls.is_some() { "doubledecker+tls" } else { "doubledecker" };
+    let r = run_load(name, spec, daemon.pid, |_| DdConn::connect(daemon.tcp, tls.as_ref(), vm, pool))?;
+    let mut d = daemon;
+    d.stop(Duration::from_secs(10))?;
+    Ok(r)
 }

@@ -35,11 +35,15 @@ pub struct ContainerGoal {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminReportConfig {
-    /// The admin API, `http://HOST:PORT`.
+    /// The admin API, `http://HOST:PORT`, or `https://HOST:PORT` with `tls_ca_file`.
     pub url: String,
     /// The VM's admin token; `DD_VM_ADMIN_TOKEN` in the environment overrides it.
     #[serde(default)]
     pub token: String,
+    /// For an `https://` URL: the PEM file of the CA that signed the daemon's certificate (the only CA
+    /// trusted). Default: none.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 fn d_state() -> PathBuf {
@@ -112,6 +116,8 @@ pub enum GuestProvisionError {
     Admin(#[from] dd_client::admin::AdminError),
     #[error("provisioner: {0}")]
     Provision(#[from] dd_provision::ProvisionError),
+    #[error("{0}")]
+    Tls(#[from] dd_client::TlsError),
 }
 
 pub(crate) fn bad(field: &str, reason: &str) -> GuestProvisionError {
@@ -146,17 +152,19 @@ impl ProvisionFileConfig {
         if self.memory_bytes < PAGE {
             return Err(bad("memory_bytes", "must be at least one page (4096)"));
         }
-        if let Some(d) = &self.daemon {
-            if d.unix_socket.is_none() && d.tcp.is_none() {
-                return Err(bad("daemon.unix_socket", "set it or daemon.tcp"));
-            }
-            if d.data_token.is_empty() {
-                return Err(bad("daemon.data_token", "empty (set it or DD_VM_DATA_TOKEN)"));
-            }
+        if let Some(Err((field, reason))) = self.daemon.as_ref().map(|d| d.check()) {
+            return Err(bad(field, &reason));
         }
         if let Some(a) = &self.admin {
-            if !a.url.starts_with("http://") {
-                return Err(bad("admin.url", "must be http://HOST:PORT"));
+            match (a.url.split_once("://").map(|(scheme, _)| scheme), &a.tls_ca_file) {
+                (Some("http"), None) | (Some("https"), Some(_)) => {}
+                (Some("https"), None) => {
+                    return Err(bad("admin.tls_ca_file", "an https:// admin.url needs it"))
+                }
+                (Some("http"), Some(_)) => {
+                    return Err(bad("admin.tls_ca_file", "set for an http:// admin.url (TLS is https://)"))
+                }
+                _ => return Err(bad("admin.url", "must be http://HOST:PORT or https://HOST:PORT")),
             }
             if a.token.is_empty() {
                 return Err(bad("admin.token", "empty (set it or DD_VM_ADMIN_TOKEN)"));
@@ -214,8 +222,27 @@ mod tests {
         let mut c = cfg.clone();
         c.containers.get_mut("web").unwrap().target = Some(Target::HitRatio { ratio: 1.5 });
         assert!(c.validate().unwrap_err().to_string().contains("containers.web.target.ratio"));
-        let mut c = cfg;
-        c.admin = Some(AdminReportConfig { url: "http://127.0.0.1:7412".into(), token: String::new() });
+        let admin = |url: &str, ca: Option<&str>| AdminReportConfig {
+            url: url.into(),
+            token: "a-vm-admin-token-0001".into(),
+            tls_ca_file: ca.map(PathBuf::from),
+        };
+        let mut c = cfg.clone();
+        c.admin = Some(AdminReportConfig { token: String::new(), ..admin("http://127.0.0.1:7412", None) });
         assert!(c.validate().unwrap_err().to_string().contains("admin.token"));
+        for (url, ca, field) in [
+            ("https://127.0.0.1:7412", None, Some("admin.tls_ca_file")),
+            ("http://127.0.0.1:7412", Some("ca.pem"), Some("admin.tls_ca_file")),
+            ("127.0.0.1:7412", None, Some("admin.url")),
+            ("https://127.0.0.1:7412", Some("ca.pem"), None),
+        ] {
+            let mut c = cfg.clone();
+            c.admin = Some(admin(url, ca));
+            match (c.validate(), field) {
+                (Ok(()), None) => {}
+                (Err(e), Some(f)) => assert!(e.to_string().contains(f), "{url} {ca:?}: {e}"),
+                (r, f) => panic!("{url} {ca:?}: {r:?}, wanted {f:?}"),
+            }
+        }
     }
 }

@@ -86,8 +86,13 @@ impl GuestProvisioner {
     /// A provisioner; it connects to the daemon (with back-off, healing after restarts) on first use.
     pub fn new(cfg: ProvisionFileConfig) -> Result<GuestProvisioner, GuestProvisionError> {
         cfg.validate()?;
-        let cfg_admin =
-            cfg.admin.as_ref().map(|a| dd_client::admin::AdminClient::with_timeout(&a.url, REPORT_TIMEOUT));
+        let cfg_admin = match cfg.admin.as_ref() {
+            None => None,
+            Some(a) => Some(match &a.tls_ca_file {
+                Some(ca) => dd_client::admin::AdminClient::with_tls(&a.url, REPORT_TIMEOUT, ca)?,
+                None => dd_client::admin::AdminClient::with_timeout(&a.url, REPORT_TIMEOUT),
+            }),
+        };
         let session = cfg
             .daemon
             .as_ref()
