@@ -205,12 +205,13 @@ impl Metrics {
         let vm_eff = Family::<Labels, Gauge>::default();
         for vm in &stats.vms {
             for p in &vm.pools {
-                // `container`: the pool's label (the watcher's cgroup name), empty when unnamed.
-                let base = vec![
-                    ("vm".to_string(), vm.vm.to_string()),
-                    ("pool".to_string(), p.pool.to_string()),
-                    ("container".to_string(), p.label.clone().unwrap_or_default()),
-                ];
+                // `container`: the pool's label (the watcher's cgroup name); absent while unnamed (what
+                // Prometheus makes of an empty value too).
+                let mut base =
+                    vec![("vm".to_string(), vm.vm.to_string()), ("pool".to_string(), p.pool.to_string())];
+                if let Some(l) = &p.label {
+                    base.push(("container".to_string(), l.clone()));
+                }
                 pool_misses.get_or_create(&base).inc_by(p.counters.gets_missed);
                 pool_refused.get_or_create(&base).inc_by(p.counters.puts_refused);
                 pool_lost.get_or_create(&base).inc_by(p.counters.pages_lost);
