@@ -283,6 +283,7 @@ impl World {
             | Request::FlushObject { pool, .. }
             | Request::PutBatch { pool, .. }
             | Request::GetBatch { pool, .. }
+            | Request::SetLabel { pool, .. }
             | Request::PoolStats { pool } => vec![*pool],
             Request::MigrateObject { from, to, .. } => vec![*from, *to],
             _ => vec![],
@@ -310,7 +311,7 @@ impl World {
             (Request::DestroyPool { pool }, Response::Done) => {
                 m.remove(pool);
             }
-            (Request::SetSpec { .. }, Response::Done) => {}
+            (Request::SetSpec { .. } | Request::SetLabel { .. }, Response::Done) => {}
             (Request::Put { pool, key, data }, Response::Put(o)) => {
                 put(m.get_mut(pool).unwrap(), *key, data, o)
             }

@@ -196,6 +196,7 @@ enum Call {
     PoolStats(PoolId),
     VmStats,
     ListPools,
+    SetLabel(PoolId),
 }
 
 impl Call {
@@ -216,6 +217,7 @@ impl Call {
             Request::PoolStats { pool } => Call::PoolStats(*pool),
             Request::VmStats => Call::VmStats,
             Request::ListPools => Call::ListPools,
+            Request::SetLabel { pool, .. } => Call::SetLabel(*pool),
         }
     }
 }
@@ -397,6 +399,10 @@ fn dp_steps(
                 .collect()
         }
         Call::PoolStats(id) => one(at(*id, report).map(R::PoolStats)),
+        Call::SetLabel(_) => {
+            report.skip("data_plane: SET_LABEL (the typed requests carry no label)");
+            vec![]
+        }
     }
 }
 
@@ -536,7 +542,7 @@ fn em_ops(e: &Exchange, vm: u32, slots: &mut EmSlots, report: &mut Report) -> Ve
             report.skip("engine_model: DESTROY_POOL (the harness's slots always hold a pool)");
             vec![]
         }
-        Call::Hello | Call::Ping | Call::VmStats | Call::ListPools | Call::PoolStats(_) => {
+        Call::Hello | Call::Ping | Call::VmStats | Call::ListPools | Call::PoolStats(_) | Call::SetLabel(_) => {
             report.skip("engine_model: a request without an engine operation (HELLO, PING, stats, lists)");
             vec![]
         }

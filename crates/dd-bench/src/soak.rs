@@ -607,6 +607,7 @@ mod tests {
             order: EvictionOrder::default(),
             exclusive_gets: true,
             counters,
+            label: None,
         };
         let mut totals = good;
         totals.add(&good);

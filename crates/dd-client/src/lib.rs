@@ -404,6 +404,12 @@ impl Client {
         expect(self.call(&Request::SetSpec { pool, spec })?, done)
     }
 
+    /// SET_LABEL: names a pool (its container's name; shown by the admin API, `/metrics` and `/ui/`);
+    /// `""` takes the name away.
+    pub fn set_label(&mut self, pool: PoolId, label: &str) -> Result<()> {
+        expect(self.call(&Request::SetLabel { pool, label: label.as_bytes() })?, done)
+    }
+
     /// MIGRATE_OBJECT: moves a file's pages to another container's pool; returns pages moved.
     pub fn migrate_object(&mut self, from: PoolId, to: PoolId, object: u64) -> Result<u64> {
         expect(self.call(&Request::MigrateObject { from, to, object })?, count)

@@ -11,6 +11,9 @@
 //! The list is Unicode's general categories Cc, Cf, Zl and Zp, spelled out here so that the check
 //! needs no Unicode tables.
 
+/// The longest pool label (a container's cgroup name; Linux allows 255 bytes for a directory name).
+pub const MAX_POOL_LABEL_BYTES: usize = 255;
+
 /// Why a name is refused, for the error naming the field.
 pub fn name_problem(name: &str, max_bytes: usize) -> Option<&'static str> {
     if name.is_empty() {

@@ -131,6 +131,9 @@ pub(crate) struct Pool {
     pub share: Arc<VmShare>,
     /// Set by destroy (before `inner.dead`): handles check it without taking the lock.
     pub destroyed: std::sync::atomic::AtomicBool,
+    /// The name the guest gave the pool (its container's cgroup name), if any: what statistics,
+    /// `/metrics` and `/ui/` show. A leaf lock, held only to read or replace the name; gone with the pool.
+    pub label: Mutex<Option<Arc<str>>>,
 }
 
 pub(crate) struct PoolInner {
@@ -194,6 +197,7 @@ impl Pool {
             dedup_domain: AtomicU64::new(0),
             share,
             destroyed: std::sync::atomic::AtomicBool::new(false),
+            label: Mutex::new(None),
         }
     }
 

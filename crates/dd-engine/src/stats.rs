@@ -161,6 +161,9 @@ pub struct PoolStats {
     pub order: crate::types::EvictionOrder,
     pub exclusive_gets: bool,
     pub counters: Counters,
+    /// The name the guest gave the pool (`Cache::set_pool_label`: the watcher's container name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 /// A VM's statistics: its live pools, and totals over live and destroyed pools.

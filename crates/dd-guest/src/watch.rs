@@ -3,7 +3,7 @@
 //! Every `poll_interval_ms` the watcher lists the child directories of `cgroup.parent` (v1 memory or
 //! v2: the containers), and reconciles the daemon with what it sees, over one data-plane connection
 //! authenticated as this VM:
-//! * a new cgroup gets a pool with its desired spec;
+//! * a new cgroup gets a pool with its desired spec, named after the cgroup (SET_LABEL);
 //! * a cgroup whose desired spec changed gets `set_cg_weight`;
 //! * a pool whose cgroup is gone is destroyed.
 //!
@@ -390,6 +390,16 @@ impl Watcher {
                         .session
                         .on_pool(PoolRef { id: PoolId(0), instance }, |c, _| c.create_cgroup(opts))?;
                     self.owned.insert(name.clone(), Owned { pool, spec, kind, path: dir.clone() });
+                    // The pool carries its container's name, so that the admin API, `/metrics` and
+                    // `/ui/` show "web" rather than "pool 3". A daemon that refuses the name (an old
+                    // daemon without SET_LABEL, a name it does not accept) leaves the pool unnamed:
+                    // the container still gets its cache.
+                    match self.session.on_pool(PoolRef { id: pool, instance }, |c, id| c.set_label(id, name))
+                    {
+                        Ok(()) => {}
+                        Err(e) if e.status().is_some() => tracing::warn!("naming the pool of {name}: {e}"),
+                        Err(e) => return Err(e.into()),
+                    }
                     ch.created.push(name.clone());
                 }
                 Some(o) if o.spec != spec => {

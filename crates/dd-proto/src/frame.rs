@@ -41,10 +41,11 @@ pub enum Op {
     PoolStats = 13,
     VmStats = 14,
     ListPools = 15,
+    SetLabel = 16,
 }
 
 impl Op {
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 16] = [
         Op::Hello,
         Op::Ping,
         Op::CreatePool,
@@ -60,6 +61,7 @@ impl Op {
         Op::PoolStats,
         Op::VmStats,
         Op::ListPools,
+        Op::SetLabel,
     ];
 
     pub fn from_u8(v: u8) -> Option<Op> {
@@ -84,6 +86,7 @@ impl Op {
             Op::PoolStats => "pool_stats",
             Op::VmStats => "vm_stats",
             Op::ListPools => "list_pools",
+            Op::SetLabel => "set_label",
         }
     }
 }
@@ -224,7 +227,7 @@ mod tests {
             assert_eq!(Op::from_u8(op as u8), Some(op));
         }
         assert_eq!(Op::from_u8(0), None);
-        assert_eq!(Op::from_u8(16), None);
+        assert_eq!(Op::from_u8(17), None);
         assert_eq!(Op::from_u8(255), None);
     }
 }

@@ -116,7 +116,16 @@ pub enum Request<'a> {
     /// GET_STATS of the calling VM (JSON `VmStats`).
     VmStats,
     ListPools,
+    /// Names a pool (its container's name, UTF-8, at most `MAX_LABEL_BYTES`); an empty label takes
+    /// the name away.
+    SetLabel {
+        pool: PoolId,
+        label: &'a [u8],
+    },
 }
+
+/// The longest label SET_LABEL carries (the engine's `names::MAX_POOL_LABEL_BYTES`).
+pub const MAX_LABEL_BYTES: usize = 255;
 
 struct Rd<'a> {
     b: &'a [u8],
@@ -248,6 +257,7 @@ impl<'a> Request<'a> {
             Request::PoolStats { .. } => Op::PoolStats,
             Request::VmStats => Op::VmStats,
             Request::ListPools => Op::ListPools,
+            Request::SetLabel { .. } => Op::SetLabel,
         }
     }
 
@@ -307,6 +317,14 @@ impl<'a> Request<'a> {
             Op::PoolStats => Request::PoolStats { pool: r.pool()? },
             Op::VmStats => Request::VmStats,
             Op::ListPools => Request::ListPools,
+            Op::SetLabel => {
+                let pool = r.pool()?;
+                let label = r.rest();
+                if label.len() > MAX_LABEL_BYTES {
+                    return Err(r.err("label longer than 255 bytes"));
+                }
+                Request::SetLabel { pool, label }
+            }
         };
         r.end()?;
         Ok(req)
@@ -370,6 +388,10 @@ impl<'a> Request<'a> {
                 out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
                 keys.iter().for_each(|k| put_key(out, k));
             }
+            Request::SetLabel { pool, label } => {
+                out.extend_from_slice(&pool.0.to_le_bytes());
+                out.extend_from_slice(label);
+            }
         }
         let len = (out.len() - start - HEADER_LEN) as u32;
         out[start + 16..start + 20].copy_from_slice(&len.to_le_bytes());
@@ -391,7 +413,7 @@ pub enum Response {
     },
     Pong,
     PoolCreated(PoolId),
-    /// DestroyPool, SetSpec.
+    /// DestroyPool, SetSpec, SetLabel.
     Done,
     Put(PutOutcome),
     Get(Option<Vec<u8>>),
@@ -438,7 +460,7 @@ impl Response {
             },
             Op::Ping => Response::Pong,
             Op::CreatePool => Response::PoolCreated(r.pool()?),
-            Op::DestroyPool | Op::SetSpec => Response::Done,
+            Op::DestroyPool | Op::SetSpec | Op::SetLabel => Response::Done,
             Op::Put => {
                 let v = r.u8()?;
                 Response::Put(outcome_from_u8(v, &r)?)
@@ -572,6 +594,8 @@ mod tests {
             ),
             Request::DestroyPool { pool: PoolId(3) },
             Request::SetSpec { pool: PoolId(3), spec: Spec::None },
+            Request::SetLabel { pool: PoolId(3), label: "web-frontend".as_bytes() },
+            Request::SetLabel { pool: PoolId(3), label: b"" },
             Request::Put { pool: PoolId(3), key: Key::new(u64::MAX, 0), data: &page },
             Request::Get { pool: PoolId(3), key: Key::new(1, 1) },
             Request::FlushPage { pool: PoolId(3), key: Key::new(1, 1) },
@@ -620,6 +644,10 @@ mod tests {
         let mut p = vec![1, 0, 0, 0];
         p.extend_from_slice(&[9, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert!(matches!(Request::decode(Op::SetSpec as u8, &p, 256), Err(ProtoError::Malformed { .. })));
+        // A label past MAX_LABEL_BYTES.
+        let mut p = 3u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&[b'a'; MAX_LABEL_BYTES + 1]);
+        assert!(matches!(Request::decode(Op::SetLabel as u8, &p, 256), Err(ProtoError::Malformed { .. })));
         // Put batch whose page bytes do not divide by the count: a layout the decoder keeps (the server
         // answers bad_page_size, as for every page-size mismatch).
         let mut out = Vec::new();

@@ -2,7 +2,8 @@
 //! conformance test in `crates/doubledecker/tests/` checks real responses against it).
 //!
 //! Two scopes with separate credentials, both `Authorization: Bearer <token>`:
-//! * host scope (`/v1/host`, `/v1/vms...`, `/v1/stats`, `/metrics`): the host administrator's token;
+//! * host scope (`/v1/host`, `/v1/vms...`, `/v1/stats`, `/v1/history`, `/metrics`): the host
+//!   administrator's token;
 //! * VM scope (`/v1/vm/...`): one VM's admin token, which selects the VM. There is no VM id in these
 //!   paths, so a VM administrator cannot even name another VM; pools of other VMs are reported as
 //!   `unknown_pool`, like pools that do not exist.
@@ -21,8 +22,8 @@ use crate::auth::{token_problem, Registration, TokenKind};
 use crate::config::VmConfig;
 use crate::provisioner::StoredReport;
 use crate::state::{PersistError, ServerState};
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -94,6 +95,12 @@ impl From<JsonRejection> for ApiError {
             return err(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg);
         }
         err(StatusCode::BAD_REQUEST, "malformed_json", r.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        err(StatusCode::BAD_REQUEST, "bad_request", r.body_text())
     }
 }
 
@@ -210,6 +217,9 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/vm/stats", get(vm_stats))
         .route("/v1/vm/provisioner", get(get_own_report).put(put_own_report))
         .route("/v1/provisioner", get(list_reports))
+        .route("/v1/history", get(host_history))
+        .route("/v1/vm/history", get(own_history))
+        .route("/v1/vm/pools/{pool}/label", put(set_label))
         .merge(crate::ui::router())
         .fallback(|| async { err(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -228,7 +238,9 @@ async fn metrics(State(s): St, headers: HeaderMap) -> ApiResult<Response> {
     let st = s.clone();
     let text = tokio::task::spawn_blocking(move || {
         let coop = st.coop.get().map(|c| c.report());
-        st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), coop.as_ref())
+        let reports: Vec<_> =
+            st.provisioner.all().into_iter().filter(|r| st.registry.contains(VmId(r.vm))).collect();
+        st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), coop.as_ref(), &reports)
     })
     .await
     .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
@@ -633,6 +645,31 @@ async fn set_spec(
     Ok(Json(stats))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewLabel {
+    /// `None` or empty: the pool's label is taken away.
+    label: Option<String>,
+}
+
+/// Names a pool (what `guest watch` does over the data plane with SET_LABEL).
+async fn set_label(
+    State(s): St,
+    headers: HeaderMap,
+    pool: Result<Path<u32>, PathRejection>,
+    body: Result<Json<NewLabel>, JsonRejection>,
+) -> ApiResult<Json<dd_engine::PoolStats>> {
+    vm_auth(&s, &headers)?;
+    let Path(pool) = pool?;
+    let Json(n) = body?;
+    let stats = vm_scoped(&s, &headers, move |s, vm| {
+        s.cache.set_pool_label(vm, PoolId(pool), n.label.as_deref().filter(|l| !l.is_empty()))?;
+        s.cache.pool_stats(vm, PoolId(pool))
+    })
+    .await?;
+    Ok(Json(stats))
+}
+
 async fn vm_stats(State(s): St, headers: HeaderMap) -> ApiResult<Json<dd_engine::VmStats>> {
     Ok(Json(vm_scoped(&s, &headers, move |s, vm| s.cache.vm_stats(vm)).await?))
 }
@@ -669,4 +706,39 @@ async fn get_own_report(State(s): St, headers: HeaderMap) -> ApiResult<Json<Stor
 async fn list_reports(State(s): St, headers: HeaderMap) -> ApiResult<Json<Vec<StoredReport>>> {
     host_auth(&s, &headers)?;
     Ok(Json(s.provisioner.all().into_iter().filter(|r| s.registry.contains(VmId(r.vm))).collect()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// History of the samples (`crate::history`): what `/ui/` charts
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// Only samples taken after this time (milliseconds since the Unix epoch); default all.
+    #[serde(default)]
+    since_unix_ms: u64,
+}
+
+/// Host scope: every VM's and pool's kept samples.
+async fn host_history(
+    State(s): St,
+    headers: HeaderMap,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
+) -> ApiResult<Json<crate::history::HistoryReport>> {
+    host_auth(&s, &headers)?;
+    let Query(q) = q?;
+    Ok(Json(s.history.report(None, q.since_unix_ms)))
+}
+
+/// VM scope: the token's VM only.
+async fn own_history(
+    State(s): St,
+    headers: HeaderMap,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
+) -> ApiResult<Json<crate::history::HistoryReport>> {
+    let reg = vm_auth(&s, &headers)?;
+    let Query(q) = q?;
+    let Some(_live) = reg.enter() else { return Err(revoked(&reg)) };
+    Ok(Json(s.history.report(Some(reg.vm), q.since_unix_ms)))
 }

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// TLS on the data plane's TCP listener and the admin API (`tls` module). Default off.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// What the daemon keeps of the recent past for `/ui/` (`history` module). Default an hour at 2 s.
+    #[serde(default)]
+    pub history: crate::history::HistoryConfig,
     /// VMs registered at start. Default none.
     #[serde(default)]
     pub vms: Vec<VmConfig>,
@@ -572,6 +575,9 @@ impl ServerConfig {
                 return Err(invalid(field, "must be at least 1"));
             }
         }
+        if let Some((field, reason)) = self.history.problem() {
+            return Err(invalid(field, reason));
+        }
         let mut ids = std::collections::HashSet::new();
         let mut tokens = std::collections::HashSet::new();
         tokens.insert(self.auth.host_admin_token.clone());
@@ -772,6 +778,8 @@ mod tests {
             ("[coop.bloom]\nm_bits = 100", "coop.bloom.m_bits"),
             ("[coop]\npublish_interval_ms = 0", "coop.publish_interval_ms"),
             ("[capture]\nmax_total_bytes = 0", "capture.max_total_bytes"),
+            ("[history]\ninterval_ms = 10", "history.interval_ms"),
+            ("[history]\nsamples = 1", "history.samples"),
         ];
         for (text, field) in cases {
             assert_eq!(field_of(ServerConfig::from_toml(text).unwrap_err()), field, "{text}");

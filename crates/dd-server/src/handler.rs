@@ -209,6 +209,14 @@ fn dispatch(
             cache.set_spec(vm, pool, spec)?;
             simple(Response::Done, out)
         }
+        Request::SetLabel { pool, label } => {
+            let label = std::str::from_utf8(label).map_err(|_| CacheError::InvalidConfig {
+                field: "label".into(),
+                reason: "is not UTF-8".into(),
+            })?;
+            cache.set_pool_label(vm, pool, (!label.is_empty()).then_some(label))?;
+            simple(Response::Done, out)
+        }
         Request::Put { pool, key, data } => simple(Response::Put(cache.put(vm, pool, key, data)?), out),
         Request::Get { pool, key } => {
             // The page is copied from the cache straight into the output buffer.

@@ -11,7 +11,7 @@
 //! [`net`] (listeners, connection loop, per connection bounds, blocking policy), [`admin`] (axum
 //! routes), [`metrics`], [`coop`] (co-operative de-duplication: peer listener, client, remotifier,
 //! summary publisher), [`etcd`] (etcd membership of the peers), [`capture`] (recording connections
-//! for fuzzing corpora, off by default).
+//! for fuzzing corpora, off by default), [`history`] (the samples `/ui/` charts, bounded).
 //!
 //! Shutdown order ([`run`]): stop accepting, tell every connection to finish the frames it holds and
 //! close, wait for them (bounded by `limits.drain_timeout_ms`), stop the admin API, quiesce the engine
@@ -28,6 +28,7 @@ pub mod coop_types;
 pub mod etcd;
 pub mod handler;
 pub mod handshake;
+pub mod history;
 pub mod metrics;
 pub mod net;
 pub mod persist;
@@ -434,6 +435,9 @@ pub async fn run(
         }));
     }
 
+    let st = state.clone();
+    let sample = move || st.history.sample(&st.cache);
+    accept_tasks.push(history::spawn_sampler(state.history.interval(), stop_rx.clone(), sample));
     let router = admin::router(state.clone());
     let mut admin_stop = stop_rx.clone();
     let admin_listener = match admin_tls {

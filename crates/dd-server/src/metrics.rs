@@ -90,6 +90,7 @@ impl Metrics {
         stats: &HostStats,
         ssd: Option<&dd_engine::store::ssd::SsdIoStats>,
         coop: Option<&crate::coop_types::CoopReport>,
+        reports: &[crate::provisioner::StoredReport],
     ) -> String {
         let mut reg = Registry::default();
         let requests = Family::<Labels, Counter>::default();
@@ -204,8 +205,13 @@ impl Metrics {
         let vm_eff = Family::<Labels, Gauge>::default();
         for vm in &stats.vms {
             for p in &vm.pools {
-                let base =
+                // `container`: the pool's label (the watcher's cgroup name); absent while unnamed (what
+                // Prometheus makes of an empty value too).
+                let mut base =
                     vec![("vm".to_string(), vm.vm.to_string()), ("pool".to_string(), p.pool.to_string())];
+                if let Some(l) = &p.label {
+                    base.push(("container".to_string(), l.clone()));
+                }
                 pool_misses.get_or_create(&base).inc_by(p.counters.gets_missed);
                 pool_refused.get_or_create(&base).inc_by(p.counters.puts_refused);
                 pool_lost.get_or_create(&base).inc_by(p.counters.pages_lost);
@@ -317,9 +323,95 @@ impl Metrics {
             reg.register("dd_coop_queued", "Evicted pages waiting for remotification", gauge(c.queued));
         }
 
+        provisioner_metrics(&mut reg, reports);
         let mut out = String::new();
         encode(&mut out, &reg).expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// The guest provisioners' last reports (`crate::provisioner`) as gauges, so that Grafana shows the
+/// targets and decisions `/ui/` shows: per VM the round and whether every target is feasible, per
+/// container (labels `vm`, `container`) the planned sizes, the target, and what was measured and
+/// predicted against it.
+fn provisioner_metrics(reg: &mut Registry, reports: &[crate::provisioner::StoredReport]) {
+    use dd_provision::model::Target;
+    type F = Family<Labels, Gauge<f64, AtomicU64>>;
+    let round = Family::<Labels, Gauge>::default();
+    let feasible = Family::<Labels, Gauge>::default();
+    let received = Family::<Labels, Gauge>::default();
+    let per: Vec<(&str, &str, F)> = [
+        ("dd_provisioner_budget_bytes", "First-level budget planned for a container (its page cache)"),
+        (
+            "dd_provisioner_mem_cache_bytes",
+            "A container's planned share of the VM's memory-store entitlement",
+        ),
+        ("dd_provisioner_ssd_cache_bytes", "A container's planned share of the VM's SSD-store entitlement"),
+        ("dd_provisioner_memory_limit_bytes", "The cgroup memory limit the provisioner set"),
+        ("dd_provisioner_target_hit_ratio", "A container's hit-ratio target"),
+        ("dd_provisioner_target_latency_ms", "A container's mean-latency target, milliseconds"),
+        ("dd_provisioner_target_reads_per_s", "A container's throughput target, reads per second"),
+        ("dd_provisioner_target_met", "1 when the plan meets the container's target (as predicted)"),
+        ("dd_provisioner_measured_target_met", "1 when the last round's measurement met the target"),
+        ("dd_provisioner_measured_hit_ratio", "Hit ratio measured since the last round"),
+        ("dd_provisioner_predicted_hit_ratio", "Hit ratio the model predicts for the plan"),
+        ("dd_provisioner_measured_latency_ms", "Mean read latency measured since the last round, ms"),
+        ("dd_provisioner_predicted_latency_ms", "Mean read latency the model predicts for the plan, ms"),
+        ("dd_provisioner_reads_per_s", "Reads per second measured since the last round"),
+    ]
+    .into_iter()
+    .map(|(n, h)| (n, h, F::default()))
+    .collect();
+    for r in reports {
+        let vm = vec![("vm".to_string(), r.vm.to_string())];
+        round.get_or_create(&vm).set(r.report.round.min(i64::MAX as u64) as i64);
+        feasible.get_or_create(&vm).set(r.report.feasible as i64);
+        received.get_or_create(&vm).set((r.received_unix_ms / 1000) as i64);
+        for c in &r.report.containers {
+            let l = vec![("vm".to_string(), r.vm.to_string()), ("container".to_string(), c.name.clone())];
+            let (ratio, ms, ops) = match c.target {
+                Some(Target::HitRatio { ratio }) => (Some(ratio), None, None),
+                Some(Target::MeanLatency { ms }) => (None, Some(ms), None),
+                Some(Target::Throughput { ops_s }) => (None, None, Some(ops_s)),
+                None => (None, None, None),
+            };
+            let flag = |b: Option<bool>| b.map(|b| b as u8 as f64);
+            let values = [
+                Some(c.budget_bytes as f64),
+                Some(c.mem_cache_bytes as f64),
+                Some(c.ssd_cache_bytes as f64),
+                c.memory_limit_bytes.map(|b| b as f64),
+                ratio,
+                ms,
+                ops,
+                flag(c.target_met),
+                flag(c.measured_target_met),
+                Some(c.measured_hit_ratio),
+                Some(c.predicted_hit_ratio),
+                Some(c.measured_latency_ms),
+                Some(c.predicted_latency_ms),
+                Some(c.reads_per_s),
+            ];
+            for ((_, _, f), v) in per.iter().zip(values) {
+                if let Some(v) = v {
+                    f.get_or_create(&l).set(v);
+                }
+            }
+        }
+    }
+    reg.register("dd_provisioner_round", "The last round a VM's guest provisioner reported", round);
+    reg.register(
+        "dd_provisioner_feasible",
+        "1 when every target of the VM's last round is feasible",
+        feasible,
+    );
+    reg.register(
+        "dd_provisioner_report_received_seconds",
+        "When the VM's last provisioner report arrived, seconds since the Unix epoch",
+        received,
+    );
+    for (n, h, f) in per {
+        reg.register(n, h, f);
     }
 }
 

@@ -68,6 +68,8 @@ pub struct ServerState {
     dedup_group_names: parking_lot::Mutex<std::collections::HashMap<VmId, String>>,
     /// Each VM's last guest provisioner report (`crate::provisioner`; a leaf).
     pub provisioner: crate::provisioner::Reports,
+    /// Samples of every VM and pool kept for `/ui/` (`crate::history`; a leaf).
+    pub history: crate::history::History,
     /// Recording of connections (`capture.dir`); `None`: off.
     pub capture: Option<Arc<crate::capture::Capture>>,
 }
@@ -122,6 +124,7 @@ impl ServerState {
             dedup_groups: Default::default(),
             dedup_group_names: Default::default(),
             provisioner: Default::default(),
+            history: crate::history::History::new(cfg.history.clone(), cfg.engine.page_size_bytes),
             capture: crate::capture::Capture::from_config(&cfg.capture)
                 .map_err(|e| ServerError::Io(format!("capture.dir {}: {e}", cfg.capture.dir.display())))?,
         };
@@ -232,6 +235,7 @@ impl ServerState {
         self.registry.remove(vm);
         self.dedup_group_names.lock().remove(&vm);
         self.provisioner.forget(vm);
+        self.history.forget_vm(vm);
         Ok(self.cache.remove_vm(vm)?)
     }
 

@@ -18,6 +18,40 @@ pub enum GuestCommand {
     /// each round's plan as a JSON line; an infeasible target is reported on stderr; with `[admin]` each
     /// round is also reported to the daemon's admin API (`DD_VM_ADMIN_TOKEN`), where `/ui/` shows it.
     Provision(ProvisionArgs),
+    /// Put (or, with `--get`, get back and check) pages of known content in one of this VM's pools, as
+    /// a guest's page cache would: a load for demonstrations and smoke tests (README, "Two daemons as
+    /// peers"). Page `i` of object `--object` holds bytes drawn from `--content` and `i`, so two runs with
+    /// the same `--content` write equal pages (on two daemons: pages a peer holds too). Prints one JSON
+    /// line: the pool, pages put and stored, or gets, hits and wrong pages (exit status 1 on a wrong page).
+    Pages(PagesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PagesArgs {
+    /// The daemon's data plane, `host:port`.
+    #[arg(long)]
+    tcp: String,
+    /// This VM's id.
+    #[arg(long)]
+    vm: u32,
+    /// This VM's data-plane token (printed by `vm add`).
+    #[arg(long, env = "DD_VM_DATA_TOKEN", hide_env_values = true)]
+    token: String,
+    /// The pool; without it a new memory pool (weight 100) is created and its id printed.
+    #[arg(long)]
+    pool: Option<u32>,
+    /// The object (file) the pages belong to.
+    #[arg(long, default_value_t = 1)]
+    object: u64,
+    /// How many pages, indices 0 to N - 1.
+    #[arg(long)]
+    pages: u64,
+    /// What the pages hold: equal values give equal pages.
+    #[arg(long, default_value_t = 1)]
+    content: u64,
+    /// Get the pages back instead of putting them, and check every hit's bytes.
+    #[arg(long)]
+    get: bool,
 }
 
 #[derive(Args, Debug)]
@@ -104,6 +138,51 @@ fn provision(a: ProvisionArgs) -> Result<()> {
     Ok(())
 }
 
+/// Page `index` of content `seed`: SplitMix64 of both, so that every page differs from every other.
+fn page_bytes(seed: u64, object: u64, index: u64, out: &mut [u8]) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ object.rotate_left(32) ^ index;
+    for chunk in out.chunks_mut(8) {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        chunk.copy_from_slice(&(z ^ (z >> 31)).to_le_bytes()[..chunk.len()]);
+    }
+}
+
+fn pages(a: PagesArgs) -> Result<()> {
+    use dd_engine::{Key, PoolId, PoolOptions, PutOutcome, Spec};
+    let mut c = dd_client::Client::connect_tcp(&a.tcp, a.vm, &a.token)
+        .with_context(|| format!("connecting to {} as VM {}", a.tcp, a.vm))?;
+    let pool = match a.pool {
+        Some(p) => PoolId(p),
+        None => c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 100 }))?,
+    };
+    let ps = c.info().page_size;
+    let mut page = vec![0u8; ps];
+    let mut got = vec![0u8; ps];
+    let (mut done, mut hits, mut wrong) = (0u64, 0u64, 0u64);
+    for i in 0..a.pages {
+        page_bytes(a.content, a.object, i, &mut page);
+        let key = Key::new(a.object, i);
+        if a.get {
+            if c.get(pool, key, &mut got)? {
+                hits += 1;
+                wrong += u64::from(got != page);
+            }
+        } else if matches!(c.put(pool, key, &page)?, PutOutcome::Stored(_)) {
+            done += 1;
+        }
+    }
+    if a.get {
+        outln!("{}", serde_json::json!({"pool": pool.0, "gets": a.pages, "hits": hits, "wrong": wrong}));
+        anyhow::ensure!(wrong == 0, "{wrong} page(s) came back with other bytes than were put");
+    } else {
+        outln!("{}", serde_json::json!({"pool": pool.0, "put": a.pages, "stored": done}));
+    }
+    Ok(())
+}
+
 #[derive(Args, Debug)]
 pub struct WatchArgs {
     /// The watcher's TOML configuration.
@@ -120,6 +199,7 @@ pub struct WatchArgs {
 pub fn run(cmd: GuestCommand) -> Result<()> {
     match cmd {
         GuestCommand::Provision(a) => provision(a)?,
+        GuestCommand::Pages(a) => pages(a)?,
         GuestCommand::Watch(a) => {
             let cfg = WatchConfig::load(&a.config, a.token.as_deref())?;
             let interval = Duration::from_millis(cfg.poll_interval_ms);

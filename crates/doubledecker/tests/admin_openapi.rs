@@ -39,6 +39,7 @@ impl Checker {
 
     /// The documented template of a concrete path.
     fn template(&self, path: &str) -> String {
+        let path = path.split('?').next().unwrap_or(path);
         let segs: Vec<&str> = path.split('/').collect();
         for t in self.doc["paths"].as_object().unwrap().keys() {
             let ts: Vec<&str> = t.split('/').collect();
@@ -173,6 +174,34 @@ fn admin_api_matches_its_openapi_document() {
         c.call("PUT", &format!("/v1/vm/pools/{pool}/spec"), t1, Some(json!({"type": "ssd", "weight": 5})));
     assert_eq!((s, p["spec"]["type"].as_str()), (200, Some("ssd")));
     assert_eq!(c.call("PUT", "/v1/vm/pools/999/spec", t1, Some(json!({"type": "none"}))).0, 404);
+    let (s, p) = c.call("PUT", &format!("/v1/vm/pools/{pool}/label"), t1, Some(json!({"label": "web"})));
+    assert_eq!((s, p["label"].as_str()), (200, Some("web")));
+    let (s, e) = c.call("PUT", &format!("/v1/vm/pools/{pool}/label"), t1, Some(json!({"label": "a\nb"})));
+    assert_eq!((s, e["code"].as_str()), (400, Some("invalid_config")), "a name with a newline: {e}");
+    assert_eq!(c.call("PUT", &format!("/v1/vm/pools/{pool}/label"), Some(&t2), Some(json!({}))).0, 404);
+    assert_eq!(c.call("PUT", &format!("/v1/vm/pools/{pool}/label"), h, Some(json!({}))).0, 401);
+    // History: the host's has every VM, a VM's its own; wait for the first sample (every 2 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let hist = loop {
+        let (s, hist) = c.call("GET", "/v1/history", h, None);
+        assert_eq!(s, 200);
+        if hist["vms"].as_array().unwrap().len() == 2
+            && !hist["vms"][0]["pools"].as_array().unwrap().is_empty()
+        {
+            break hist;
+        }
+        assert!(std::time::Instant::now() < deadline, "no history sample within 10 s: {hist}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(hist["vms"][0]["pools"][0]["label"], "web");
+    let (s, own) = c.call("GET", "/v1/vm/history", t1, None);
+    assert_eq!((s, own["vms"].as_array().unwrap().len(), own["vms"][0]["vm"].as_u64()), (200, 1, Some(1)));
+    let newest = own["vms"][0]["series"]["t_unix_ms"].as_array().unwrap().last().unwrap().as_u64().unwrap();
+    let (_, none) = c.call("GET", &format!("/v1/vm/history?since_unix_ms={newest}"), t1, None);
+    assert!(none["vms"][0]["series"]["t_unix_ms"].as_array().unwrap().len() <= 1, "since: {none}");
+    assert_eq!(c.call("GET", "/v1/vm/history?since_unix_ms=x", t1, None).0, 400);
+    assert_eq!(c.call("GET", "/v1/history", t1, None).0, 401);
+    assert_eq!(c.call("GET", "/v1/vm/history", h, None).0, 401);
     assert_eq!(c.call("GET", "/v1/vm/stats", t1, None).1["pools"].as_array().unwrap().len(), 2);
     assert_eq!(c.call("GET", "/v1/vm/stats", None, None).0, 401);
     let (s, stats) = c.call("GET", "/v1/stats", h, None);

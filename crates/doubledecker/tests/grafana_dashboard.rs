@@ -1,6 +1,7 @@
 //! `deploy/grafana/doubledecker.json` queries only what the daemon exports: every metric name in every
-//! panel query and template variable is one a real daemon's `/metrics` serves (scraped here, with a VM
-//! and a pool so that the per-VM and per-pool families have samples).
+//! panel query and template variable is one a real daemon's `/metrics` serves (scraped here, with a VM,
+//! a pool and a guest provisioner's report so that the per-VM, per-pool and provisioner families have
+//! samples).
 
 mod common;
 
@@ -44,6 +45,21 @@ fn every_grafana_query_names_a_metric_the_daemon_exports() {
         Some(r#"{"spec":{"type":"hybrid","mem_weight":1,"ssd_weight":1}}"#),
     );
     assert_eq!(status, 201, "creating a pool");
+    let container = serde_json::json!({
+        "name": "web", "pool": 1, "budget_bytes": 1048576, "mem_cache_bytes": 4194304,
+        "ssd_cache_bytes": 0, "spec": {"type": "mem", "weight": 16}, "memory_limit_bytes": 67108864,
+        "measured_hit_ratio": 0.75, "measured_latency_ms": 0.01, "reads_per_s": 1000.0,
+        "predicted_hit_ratio": 0.95, "predicted_latency_ms": 0.005, "predicted_reads_per_s": 1000.0,
+        "target": {"kind": "hit_ratio", "ratio": 0.9}, "target_met": true, "measured_target_met": false,
+        "footprint_bytes": 8388608, "state": "met", "missed_intervals": 0
+    });
+    let report = serde_json::json!({
+        "round": 3, "applied": true, "feasible": true, "infeasible": [], "missed": [], "source": "model",
+        "kept_current": false, "memory_bytes": 16777216, "mem_cache_bytes": 16777216, "ssd_cache_bytes": 0,
+        "containers": [container]
+    });
+    let (status, _) = d.http("PUT", "/v1/vm/provisioner", Some(&v.admin_token), Some(&report.to_string()));
+    assert_eq!(status, 200, "a provisioner report");
     let text = d.metrics();
     let exported: BTreeSet<String> = text
         .lines()

@@ -57,6 +57,8 @@ fn pools_follow_cgroups_and_shutdown_leaves_nothing() {
     assert_eq!((db.spec, db.kind), (Spec::Ssd { weight: 7 }, PoolKind::Persistent));
     let web = client.pool_stats(w.pools()["web"].pool).unwrap();
     assert_eq!(web.spec, Spec::Mem { weight: 100 }, "unconfigured containers get the default spec");
+    // Each pool carries its container's name (SET_LABEL), for the admin API, /metrics and /ui/.
+    assert_eq!((db.label.as_deref(), web.label.as_deref()), (Some("db"), Some("web")));
     // The state file publishes the map for the other guest frontends.
     let published: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(published["pools"]["web"]["pool"], web.pool.0);

@@ -4,9 +4,15 @@
 //! token only that VM appears; VM 2's guest provisioner (the real `doubledecker guest provision`, one
 //! round over what a mount would publish) reports its targets and decisions, which the page shows for
 //! VM 2 and only to those who may see VM 2; with the daemon gone while the page is open (a proxy that
-//! starts dropping the API's requests) the page says it is unreachable. A screenshot is taken and
-//! checked; it replaces `docs/ui.png` only with `DD_UPDATE_SCREENSHOT=1` (a test run leaves the
-//! checkout as it found it).
+//! starts dropping the API's requests) the page says it is unreachable.
+//!
+//! History (issue 31, acceptance 1): the daemon samples every second here (`[history] interval_ms`);
+//! after a minute of traffic a fresh browser (a reload: the page's own memory is gone) finds at least 30
+//! points on every chart, the containers under the names they were given (VM 1's over the data plane,
+//! as the watcher names them; VM 2's over the admin API), sizes in MiB, and `/metrics` carries the
+//! names and the provisioner's targets and decisions. A screenshot is taken and checked (its pixels
+//! hold the first two containers' colours: charts were drawn); it replaces `docs/ui.png` only with
+//! `DD_UPDATE_SCREENSHOT=1` (a test run leaves the checkout as it found it).
 //!
 //! Chromium runs in a memory cgroup of its own (2 GiB) when the test may create one, so that it cannot
 //! take the shared machine's memory.
@@ -119,6 +125,39 @@ fn containers(dom: &str) -> Vec<(u32, u32, u64)> {
         .collect()
 }
 
+/// `(chart kind, vm, points, series names)` of every chart of the page.
+fn charts(dom: &str) -> Vec<(String, u32, usize, String)> {
+    let attr = |s: &str, name: &str| -> Option<String> {
+        Some(s.split(&format!("{name}=\"")).nth(1)?.split('"').next()?.to_string())
+    };
+    dom.split("<canvas ")
+        .skip(1)
+        .filter_map(|s| {
+            let head = s.split('>').next()?;
+            Some((
+                attr(head, "data-chart")?,
+                attr(head, "data-vm")?.parse().ok()?,
+                attr(head, "data-points")?.parse().ok()?,
+                attr(head, "data-series")?,
+            ))
+        })
+        .collect()
+}
+
+/// Pixels of a PNG within a small distance of `rgb` (anti-aliased strokes and the fills' blends of
+/// the colour over white are near it, not always equal).
+fn pixels_near(png_path: &Path, rgb: [u8; 3]) -> usize {
+    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let step = info.color_type.samples();
+    buf[..info.buffer_size()]
+        .chunks(step)
+        .filter(|p| p.len() >= 3 && (0..3).all(|i| (p[i] as i32 - rgb[i] as i32).abs() <= 24))
+        .count()
+}
+
 /// The `data-container` names of the provisioner's decision rows of `vm` on the page.
 fn decisions(dom: &str, vm: u32) -> Vec<String> {
     dom.split("<tr ")
@@ -228,7 +267,9 @@ fn provision_vm2(d: &Daemon, v2: &common::TestVm) {
 #[test]
 fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
     let (v1, v2) = (vm(1), vm(2));
-    let mut d = Daemon::start(&[&v1, &v2], "");
+    let started = Instant::now();
+    // One sample a second: a minute of traffic gives every chart 60 points.
+    let mut d = Daemon::start(&[&v1, &v2], "[history]\ninterval_ms = 1000\n");
     let stop = Arc::new(AtomicBool::new(false));
     let mut load = Vec::new();
     for v in [&v1, &v2] {
@@ -239,6 +280,11 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
                 c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 60 })).unwrap(),
                 c.create_cgroup(PoolOptions::ephemeral(Spec::Mem { weight: 40 })).unwrap(),
             ];
+            // VM 1 names its containers over the data plane, as `guest watch` does.
+            if c.info().vm == 1 {
+                c.set_label(pools[0], "api").unwrap();
+                c.set_label(pools[1], "batch").unwrap();
+            }
             let mut i = 0u64;
             let mut buf = vec![0u8; 4096];
             while !stop.load(Ordering::Relaxed) {
@@ -257,6 +303,14 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         }));
     }
     provision_vm2(&d, &v2);
+    // VM 2 names its containers over the admin API (the first pool is "web", as the provisioner's
+    // state file says).
+    for (pool, name) in [(1, "web"), (2, "db")] {
+        let body = serde_json::json!({ "label": name }).to_string();
+        let (status, p) =
+            d.http("PUT", &format!("/v1/vm/pools/{pool}/label"), Some(&v2.admin_token), Some(&body));
+        assert_eq!((status, p["label"].as_str()), (200, Some(name)), "{p}");
+    }
     let b = BrowserCgroup::new();
     let host_url = format!("{}/ui/#token={HOST_TOKEN}", d.admin);
 
@@ -311,6 +365,49 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         "VM 1's token shows VM 2's provisioner:\n{vm1_dom}"
     );
 
+    // After a minute of traffic, a reload: the history is the daemon's, so every chart is full at once.
+    std::thread::sleep(Duration::from_secs(60).saturating_sub(started.elapsed()));
+    let page = dom(&b, &host_url);
+    let cs = charts(&page);
+    for vm in [1, 2] {
+        let kinds: Vec<&str> = cs.iter().filter(|c| c.1 == vm).map(|c| c.0.as_str()).collect();
+        for k in ["mem-use", "hit-ratio", "gets-rate", "puts-rate", "evictions-rate"] {
+            assert!(kinds.contains(&k), "VM {vm} has no {k} chart: {kinds:?}\n{page}");
+        }
+    }
+    for (kind, vm, points, series) in &cs {
+        assert!(*points >= 30, "VM {vm}'s {kind} chart has {points} points after a minute:\n{page}");
+        let names: &[&str] = if *vm == 1 { &["api", "batch"] } else { &["web", "db"] };
+        for n in names {
+            assert!(series.split('|').any(|s| s == *n), "VM {vm}'s {kind} chart does not name {n}: {series}");
+        }
+    }
+    let named: Vec<String> = page
+        .split("<tr ")
+        .filter(|r| r.contains("class=\"container\""))
+        .filter_map(|r| Some(r.split("data-name=\"").nth(1)?.split('"').next()?.to_string()))
+        .collect();
+    assert_eq!(named.len(), 4, "{page}");
+    for n in ["api", "batch", "web", "db"] {
+        assert!(named.iter().any(|x| x == n), "no container row named {n}: {named:?}");
+    }
+    // One unit: MiB in the tables and charts; no size in pages left on the page.
+    assert!(page.contains("mem MiB used") && page.contains(" MiB, against"), "{page}");
+    assert!(!page.contains(" pages)") && !page.contains("pages/"), "a size in pages:\n{page}");
+    // The same names on /metrics, and the provisioner's decisions as metrics.
+    let metrics = d.metrics();
+    assert!(metrics.contains("container=\"api\"") && metrics.contains("container=\"web\""), "{metrics}");
+    let budget =
+        metrics.lines().find(|l| l.starts_with("dd_provisioner_budget_bytes{") && l.contains("\"db\""));
+    assert!(budget.is_some_and(|l| !l.ends_with(" 0")), "{metrics}");
+    assert!(metrics.contains("dd_provisioner_target_hit_ratio{"), "{metrics}");
+    // The history endpoint keeps its scopes: a VM's token sees its VM only, and not the host's view.
+    let (status, h) = d.http("GET", "/v1/vm/history", Some(&v1.admin_token), None);
+    let vms: Vec<u64> = h["vms"].as_array().unwrap().iter().map(|v| v["vm"].as_u64().unwrap()).collect();
+    assert_eq!((status, vms), (200, vec![1]));
+    let (status, _) = d.http("GET", "/v1/history", Some(&v1.admin_token), None);
+    assert_eq!(status, 401, "a VM's token opened the host's history");
+
     // The screenshot (for docs/ when asked to update it).
     let scratch = tempfile::tempdir().unwrap();
     let shot = if std::env::var_os("DD_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
@@ -325,6 +422,13 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         host_url.clone(),
     ]);
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "no screenshot at {}", shot.display());
+    // The first two containers' stacked areas drawn: their colours (app.js COLORS, #1f77b4 and
+    // #ff7f0e) at the fills' alpha (0xb0) over white, which nothing else on the page has.
+    for rgb in [[92, 161, 203], [255, 167, 89]] {
+        let n = pixels_near(&shot, rgb);
+        eprintln!("screenshot: {n} pixels near {rgb:?}");
+        assert!(n > 2000, "the screenshot has {n} pixels of {rgb:?}: no use chart drawn");
+    }
 
     stop.store(true, Ordering::Relaxed);
     for t in load {
@@ -333,8 +437,8 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
     // The daemon gone while the page is open: the page, loaded through a proxy that passes its assets
     // and its first poll and then drops every API request as a dead daemon would, says so (and still
     // shows what it had).
-    // (Two API requests per poll: the statistics and the provisioners' reports.)
-    let proxy = CuttingProxy::start(&d.admin, 2);
+    // (Three API requests per poll: the statistics, the history and the provisioners' reports.)
+    let proxy = CuttingProxy::start(&d.admin, 3);
     let gone = dom(&b, &format!("{}/ui/#token={HOST_TOKEN}", proxy.url));
     assert!(proxy.cut_requests() > 0, "the page did not poll again after its first poll");
     assert!(

@@ -264,6 +264,19 @@ impl Cache {
         Ok(())
     }
 
+    /// Names a pool (the watcher gives its container's cgroup name); `None` takes the name away. The
+    /// name must pass [`crate::names::name_problem`] within [`crate::names::MAX_POOL_LABEL_BYTES`].
+    pub fn set_pool_label(&self, vm: VmId, pool: PoolId, label: Option<&str>) -> Result<(), CacheError> {
+        if let Some(problem) =
+            label.and_then(|l| crate::names::name_problem(l, crate::names::MAX_POOL_LABEL_BYTES))
+        {
+            return Err(CacheError::InvalidConfig { field: "label".into(), reason: problem.into() });
+        }
+        let p = self.shared.pool(vm, pool)?;
+        *p.label.lock() = label.map(Arc::from);
+        Ok(())
+    }
+
     /// The pools of a VM.
     pub fn pools(&self, vm: VmId) -> Result<Vec<PoolId>, CacheError> {
         let tree = self.shared.tree.read();

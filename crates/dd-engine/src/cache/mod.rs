@@ -13,7 +13,7 @@
 //!
 //! # Lock order
 //! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool mutexes (increasing pool id)
-//! -> pool-table shards, memory-store free stacks and SSD-store internals (leaves). A thread never
+//! -> pool-table shards, memory-store free stacks, SSD-store internals and pool labels (leaves). A thread never
 //! acquires a lock that comes earlier in this list while holding a later one.
 //!
 //! # Where the expensive work happens

@@ -193,6 +193,7 @@ impl Shared {
             order: p.order,
             exclusive_gets: p.exclusive_gets,
             counters,
+            label: p.label.lock().as_deref().map(str::to_string),
         }
     }
 
