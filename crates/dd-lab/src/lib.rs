@@ -34,6 +34,7 @@ pub mod model;
 pub mod results;
 pub mod scenario;
 pub mod sim;
+pub mod sweep;
 
 pub use error::LabError;
 pub use results::{CheckResult, ScenarioResult};
