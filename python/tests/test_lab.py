@@ -70,3 +70,25 @@ def test_errors_name_the_field():
 
 def test_bundled_lists_the_scenarios():
     assert SCENARIO in lab.bundled() and len(lab.bundled()) >= 14
+
+
+def test_the_gil_is_released_while_the_lab_runs():
+    import threading
+    import time
+
+    done = threading.Event()
+    ticks = 0
+
+    def run():
+        # Long enough (about a second) for the loop below to tick many times if it can run at all.
+        lab.run(SCENARIO, scale=0.05, variants=["alone-c1"])
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    # With the GIL held for the whole run this loop would not get to run until it ends.
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    t.join()
+    assert ticks >= 20, ticks

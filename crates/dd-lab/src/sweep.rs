@@ -631,10 +631,12 @@ pub fn slurm_script(
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut s = String::new();
     s.push_str("#!/bin/bash\n");
-    s.push_str(&format!("#SBATCH --job-name={}\n", shell_quote(&sweep.file.name)));
+    // `#SBATCH` lines are read by sbatch, not by a shell: no quoting there, so no spaces either.
+    let bare = |t: &str| t.replace(char::is_whitespace, "_");
+    s.push_str(&format!("#SBATCH --job-name={}\n", bare(&sweep.file.name)));
     s.push_str(&format!("#SBATCH --array=0-{}\n", sweep.points.len().saturating_sub(1)));
     s.push_str("#SBATCH --cpus-per-task=1\n");
-    s.push_str(&format!("#SBATCH --output={}\n", q(&out.join("slurm-%A_%a.log"))));
+    s.push_str(&format!("#SBATCH --output={}\n", bare(&out.join("slurm-%A_%a.log").display().to_string())));
     for x in extra_sbatch {
         s.push_str(&format!("#SBATCH {x}\n"));
     }
