@@ -21,7 +21,9 @@
 //! This file runs a scenario: [`prepare`] (validate, scale, plan memory) and [`run_prepared`] (variants
 //! on threads, then checks).
 //! [`mixes`], beside it, runs generated mixes (`scenario::mixgen`) through them and scores the VM-level
-//! provisioner against the best static allocation (issue 27).
+//! provisioner against the best static allocation (issue 27). [`sweep`] expands a sweep file into
+//! independent points (a grid, a list, or a search's candidates), runs them resumably into their own
+//! folders and gathers their rows (issue 33).
 //!
 //! Determinism: every random choice comes from a `ChaCha8Rng` seeded from the scenario's seed and the
 //! container's position; the event queue breaks time ties by scheduling order; no output depends on the
@@ -34,6 +36,7 @@ pub mod model;
 pub mod results;
 pub mod scenario;
 pub mod sim;
+pub mod sweep;
 
 pub use error::LabError;
 pub use results::{CheckResult, ScenarioResult};

@@ -20,6 +20,11 @@ pub enum LabCommand {
     /// allocation. Prints and writes (mixes.md, .json, .csv, one mix-SEED.toml each) the table and the
     /// verdicts against the targets.
     Mixes(MixesArgs),
+    /// A sweep file's points (a base scenario at a grid or list of parameter values, or a search's
+    /// candidates), each an independent run into its own folder: on this machine's cores, one point
+    /// (`--point N`), or as a Slurm array (`--print-slurm`); gathered into results.csv / results.json.
+    /// Resumable: done points are skipped.
+    Sweep(crate::lab_sweep::SweepArgs),
 }
 
 #[derive(Args, Debug)]
@@ -76,6 +81,10 @@ pub struct RunArgs {
     /// Overrides the scenario's seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Run only this variant (repeatable; default: all). Checks that name a variant left out are
+    /// dropped.
+    #[arg(long = "variant", value_name = "NAME", conflicts_with = "all")]
+    variants: Vec<String>,
     /// Overrides the scenario's disk scheduler: `fifo` (one queue) or `fair` (a queue per container,
     /// served by `io_weight`).
     #[arg(long, value_parser = parse_disk_scheduler)]
@@ -128,6 +137,14 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 let name = a.scenario.clone().unwrap_or_default();
                 vec![load(&name)?]
             };
+            let targets = if a.variants.is_empty() {
+                targets
+            } else {
+                targets
+                    .into_iter()
+                    .map(|(s, b)| Ok((s.only_variants(&a.variants)?, b)))
+                    .collect::<Result<_>>()?
+            };
             let daemon = match (&a.daemon, &a.admin) {
                 (Some(d), Some(admin)) => Some(dd_lab::sim::remote::DaemonTarget {
                     data: dd_lab::sim::remote::DataAddr::parse(d)?,
@@ -171,6 +188,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             Ok(())
         }
         LabCommand::Mixes(a) => mixes(&a),
+        LabCommand::Sweep(a) => crate::lab_sweep::run(&a),
     }
 }
 

@@ -8,6 +8,7 @@ mod bench;
 mod bench_tenants;
 mod guest;
 mod lab;
+mod lab_sweep;
 mod memctl;
 mod mount;
 mod mrc;

@@ -470,6 +470,35 @@ impl Scenario {
         }
     }
 
+    /// A copy that runs only the named variants (in the scenario's order; `lab run --variant`, Python's
+    /// `lab.run(variants=...)`, a sweep's `variants`). A check that names a variant left out, or that
+    /// means the first variant by default while the first is left out, is dropped: it could only fail
+    /// for want of its run. An unknown name is an error naming the field `variants`.
+    pub fn only_variants(&self, names: &[String]) -> Result<Scenario, LabError> {
+        let all = self.variant_list();
+        for n in names {
+            if !all.iter().any(|v| &v.name == n) {
+                let known: Vec<&str> = all.iter().map(|v| v.name.as_str()).collect();
+                return Err(LabError::invalid(
+                    "variants",
+                    format!("no variant `{n}` (the scenario has: {})", known.join(", ")),
+                ));
+            }
+        }
+        let mut s = self.clone();
+        if self.variants.is_empty() {
+            // Only the implicit `default`, which the check above accepted.
+            return Ok(s);
+        }
+        s.variants.retain(|v| names.contains(&v.name));
+        let first_kept = s.variants.first().map(|v| v.name.as_str()) == all.first().map(|v| v.name.as_str());
+        s.checks.retain(|c| {
+            let (named, implicit) = check_variants(c);
+            named.iter().all(|n| names.contains(n)) && (!implicit || first_kept)
+        });
+        Ok(s)
+    }
+
     /// The variants to run: [`Scenario::variant_list`] with each searching variant replaced by its
     /// candidates (in place, in order).
     pub fn run_list(&self) -> Vec<Variant> {
@@ -604,6 +633,34 @@ impl Scenario {
         }
         s
     }
+}
+
+/// The variants a check names, and whether it also means the first variant by default (a `variant`
+/// left out, an empty `variants` list). Read from the check's serialised form, so that a new check kind
+/// is covered as long as it names its variants `variant`, `variants` or `baseline`, as all do.
+fn check_variants(c: &Check) -> (Vec<String>, bool) {
+    fn walk(v: &serde_json::Value, named: &mut Vec<String>, implicit: &mut bool) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("variant" | "baseline", serde_json::Value::String(n)) => named.push(n.clone()),
+                        ("variant", serde_json::Value::Null) => *implicit = true,
+                        ("variants", serde_json::Value::Array(a)) => {
+                            *implicit |= a.is_empty();
+                            named.extend(a.iter().filter_map(|n| n.as_str().map(str::to_string)));
+                        }
+                        _ => walk(x, named, implicit),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, named, implicit)),
+            _ => {}
+        }
+    }
+    let (mut named, mut implicit) = (Vec::new(), false);
+    walk(&serde_json::to_value(c).unwrap_or_default(), &mut named, &mut implicit);
+    (named, implicit)
 }
 
 /// MiB to 4 KiB pages.

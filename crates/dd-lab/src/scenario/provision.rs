@@ -239,7 +239,18 @@ fn gcd(a: u32, b: u32) -> u32 {
 /// VM and that VM's memory (MiB), for leaving out over-committed limits. Each candidate is the variant
 /// with the candidate's overrides on top and `search` cleared; its `search_of` names the variant.
 pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) -> Vec<Variant> {
-    let Some(s) = &v.search else { return vec![v.clone()] };
+    if v.search.is_none() {
+        return vec![v.clone()];
+    }
+    candidates(v, vm_memory).into_iter().map(|(c, _)| c).collect()
+}
+
+/// A searching variant's candidates as [`expand`] gives them, each with the search narrowed to it: the
+/// same `search` table with one value in each list, which expands to exactly that candidate (same name,
+/// same overrides) and is scored as the full search scores it. `lab sweep` runs a search's candidates
+/// as independent points this way (`crate::sweep`). Empty for a variant without a search.
+pub fn candidates(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) -> Vec<(Variant, Search)> {
+    let Some(s) = &v.search else { return Vec::new() };
     // One dimension per (container, kind), in name order.
     let mut dims: Vec<(String, bool, usize)> = Vec::new();
     for (k, vals) in &s.cache_weights {
@@ -317,7 +328,12 @@ pub fn expand(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>) ->
             parts.push(format!("{name}={mib}M"));
         }
         c.name = format!("{}[{}]", v.name, parts.join(","));
-        out.push(c);
+        let narrowed = Search {
+            cache_weights: weights.iter().map(|(n, w)| ((*n).clone(), vec![*w])).collect(),
+            memory_limit_mib: limits.iter().map(|(n, m)| ((*n).clone(), vec![*m])).collect(),
+            ..s.clone()
+        };
+        out.push((c, narrowed));
     }
     out
 }

@@ -18,8 +18,13 @@ use serde::Serialize;
 pub struct Candidate {
     pub name: String,
     pub targets_met: usize,
+    /// Rounded to 0.001 ops/s as `summary.json` shows it.
     pub throughput_ops_s: f64,
     pub violation_s: f64,
+    /// The throughput the pick compares (before rounding): a sweep's points carry it so that the best
+    /// of a search run as points is the one the search itself picks ([`best`]).
+    #[serde(skip)]
+    pub unrounded_throughput_ops_s: f64,
 }
 
 /// A searching variant: every candidate tried, and the one that stands for it.
@@ -156,17 +161,10 @@ pub fn collapse(sc: &Scenario, ran: &[Variant], runs: Vec<RunResult>) -> (Vec<Ru
                 targets_met: met,
                 throughput_ops_s: x,
                 violation_s: viol,
+                unrounded_throughput_ops_s: x,
             });
         }
-        let better = |a: &Candidate, b: &Candidate| match search.pick {
-            Pick::Throughput => (a.targets_met, a.throughput_ops_s) > (b.targets_met, b.throughput_ops_s),
-            Pick::Violation => {
-                a.violation_s < b.violation_s
-                    || (a.violation_s == b.violation_s && a.throughput_ops_s > b.throughput_ops_s)
-            }
-        };
-        let Some(best) = (0..cands.len()).reduce(|b, i| if better(&cands[i], &cands[b]) { i } else { b })
-        else {
+        let Some(best) = best(search.pick, &cands) else {
             continue;
         };
         if let Some(mut r) = slots[members[best]].take() {
@@ -183,6 +181,22 @@ pub fn collapse(sc: &Scenario, ran: &[Variant], runs: Vec<RunResult>) -> (Vec<Ru
         });
     }
     (out, searches)
+}
+
+/// The index of the candidate a search picks (the first of the best, in candidate order), `None` when
+/// there are none. Compares the unrounded throughputs.
+pub fn best(pick: Pick, cands: &[Candidate]) -> Option<usize> {
+    let better = |a: &Candidate, b: &Candidate| match pick {
+        Pick::Throughput => {
+            (a.targets_met, a.unrounded_throughput_ops_s) > (b.targets_met, b.unrounded_throughput_ops_s)
+        }
+        Pick::Violation => {
+            a.violation_s < b.violation_s
+                || (a.violation_s == b.violation_s
+                    && a.unrounded_throughput_ops_s > b.unrounded_throughput_ops_s)
+        }
+    };
+    (0..cands.len()).reduce(|b, i| if better(&cands[i], &cands[b]) { i } else { b })
 }
 
 fn names_or_all(sc: &Scenario, entities: &[String]) -> Vec<(String, Target)> {
