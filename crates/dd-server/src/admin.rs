@@ -228,7 +228,8 @@ async fn metrics(State(s): St, headers: HeaderMap) -> ApiResult<Response> {
     let st = s.clone();
     let text = tokio::task::spawn_blocking(move || {
         let coop = st.coop.get().map(|c| c.report());
-        st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), coop.as_ref())
+        let tables = st.table_sizes();
+        st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), coop.as_ref(), &tables)
     })
     .await
     .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
