@@ -327,7 +327,8 @@ impl Shared {
             let mut shard = self.pools[shard_of(p.vm, p.id)].write();
             shard.remove(&(p.vm, p.id));
             // A shard keeps its capacity when pools go; a burst of pools would leave it at the burst's
-            // size for good. Halved once it is a quarter full, so it stays within 4x its pools (+ 16).
+            // size for good. Shrunk to twice its pools once under a quarter full, so it stays within 4x
+            // its pools (or 16 buckets).
             let n = shard.len();
             if shard.capacity() > 16 && n * 4 < shard.capacity() {
                 shard.shrink_to(n * 2);
