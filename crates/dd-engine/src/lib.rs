@@ -54,7 +54,7 @@ pub use cache::{Cache, GetOutcome, PoolHandle};
 pub use config::EngineConfig;
 pub use error::CacheError;
 pub use remote::{Evicted, Holder, RemoteRef, RemoteSink, MAX_HOLDERS};
-pub use stats::{Counters, HostStats, PoolStats, StoreCounters, VmStats};
+pub use stats::{Counters, HostStats, PoolStats, StoreCounters, TableSizes, VmStats};
 pub use types::{
     EvictionOrder, Key, Mode, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind, VmId, VmWeights,
 };

@@ -135,6 +135,10 @@ impl OrderQueue {
         self.live[0] + self.live[1]
     }
 
+    pub fn order(&self) -> EvictionOrder {
+        self.order
+    }
+
     fn is_live<T: Queued>(&self, slab: &Slab<T>, r: Record, list: u8) -> bool {
         slab.try_get(r.id).is_some_and(|e| {
             let q = e.qpos();

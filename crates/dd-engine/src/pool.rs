@@ -112,6 +112,9 @@ pub const MAX_WEIGHT: u32 = (1 << 31) - 1;
 pub(crate) struct VmShare {
     pub entitlement: [AtomicU64; 2],
     pub weight_sum: [AtomicU64; 2],
+    /// The cache's count of [`Pool`] objects not yet dropped (its table sizes report it): a pool is
+    /// counted from `Pool::new` to its drop, so a destroyed pool that something still holds shows.
+    pub pools_alive: Arc<AtomicU64>,
 }
 
 pub(crate) struct Pool {
@@ -134,6 +137,12 @@ pub(crate) struct Pool {
     /// The name the guest gave the pool (its container's cgroup name), if any: what statistics,
     /// `/metrics` and `/ui/` show. A leaf lock, held only to read or replace the name; gone with the pool.
     pub label: Mutex<Option<Arc<str>>>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.share.pools_alive.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) struct PoolInner {
@@ -172,6 +181,7 @@ impl Pool {
         exclusive: bool,
         share: Arc<VmShare>,
     ) -> Self {
+        share.pools_alive.fetch_add(1, Ordering::Relaxed);
         Pool {
             id,
             vm,
@@ -421,10 +431,19 @@ impl PoolInner {
         self.objects.get(&object).map(|o| o.values().map(|s| s.id).collect()).unwrap_or_default()
     }
 
-    /// Frees the emptied per-object maps kept for reuse (a destroyed pool reuses none, and a handle
-    /// may keep its bookkeeping alive for a while).
-    pub fn forget_spare_maps(&mut self) {
+    /// Frees every allocation of a destroyed pool's bookkeeping, emptied or not: the index, its spare
+    /// maps, the slab and the order queues keep their capacity (up to the pool's peak) when entries
+    /// leave, and a destroyed pool may stay alive for a while after its destroy (a handle, or a runtime
+    /// thread's last-pool slot, `cache::Shared::with_pool`). Called with every entry removed.
+    pub fn release_memory(&mut self) {
+        debug_assert_eq!(self.slab.len(), 0, "releasing the bookkeeping of a pool that holds pages");
+        self.objects = Map::default();
         self.spare = SpareMaps::default();
+        self.peak = 0;
+        self.slab = Slab::default();
+        self.queues =
+            [OrderQueue::new(0, self.queues[0].order()), OrderQueue::new(1, self.queues[1].order())];
+        self.remote = Map::default();
     }
 
     /// Ids of every entry (destroy, spec changes).

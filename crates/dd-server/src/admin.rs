@@ -240,7 +240,14 @@ async fn metrics(State(s): St, headers: HeaderMap) -> ApiResult<Response> {
         let coop = st.coop.get().map(|c| c.report());
         let reports: Vec<_> =
             st.provisioner.all().into_iter().filter(|r| st.registry.contains(VmId(r.vm))).collect();
-        st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), coop.as_ref(), &reports)
+        let tables = st.table_sizes();
+        st.metrics.render(
+            &st.cache.host_stats(),
+            st.cache.ssd_io_stats().as_ref(),
+            coop.as_ref(),
+            &reports,
+            &tables,
+        )
     })
     .await
     .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;

@@ -56,6 +56,11 @@ impl<K: std::hash::Hash + Eq> PerKey<K> {
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Keys holding a slot now.
+    pub(crate) fn keys(&self) -> usize {
+        self.0.len()
+    }
 }
 
 /// Connections answered `busy` at the same time at most (each reads a HELLO for its request id);
@@ -147,6 +152,13 @@ impl Admission {
         drop(g);
         m.connections_total.fetch_add(1, Ordering::Relaxed);
         Some(HandshakeSlot { adm: self.clone(), id, displaced: rx, done: false })
+    }
+
+    /// (connections in their handshake, VMs holding a session slot): the admission's tables, each
+    /// back to 0 when its connections are gone.
+    pub fn table_sizes(&self) -> (usize, usize) {
+        let g = self.inner.lock();
+        (g.handshaking.len(), g.per_vm.keys())
     }
 
     fn release_total(&self, g: &mut Inner) {

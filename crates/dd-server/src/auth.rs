@@ -352,6 +352,12 @@ impl Registry {
         self.vms.read().contains_key(&vm)
     }
 
+    /// (registrations, retired token hashes): the registry's tables (the second at most
+    /// [`RETIRED_KEPT`]).
+    pub fn table_sizes(&self) -> (usize, usize) {
+        (self.vms.read().len(), self.retired.lock().len())
+    }
+
     /// The live registration of `vm`.
     pub fn get(&self, vm: VmId) -> Option<Arc<Registration>> {
         self.vms.read().get(&vm).cloned()

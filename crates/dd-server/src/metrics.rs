@@ -91,8 +91,31 @@ impl Metrics {
         ssd: Option<&dd_engine::store::ssd::SsdIoStats>,
         coop: Option<&crate::coop_types::CoopReport>,
         reports: &[crate::provisioner::StoredReport],
+        tables: &[(&'static str, u64)],
     ) -> String {
         let mut reg = Registry::default();
+        let entries = Family::<Labels, Gauge<i64>>::default();
+        for (table, n) in tables {
+            entries
+                .get_or_create(&vec![("table".into(), (*table).into())])
+                .set((*n).min(i64::MAX as u64) as i64);
+        }
+        reg.register(
+            "dd_table_entries",
+            "Entries of the daemon's tables keyed by a VM, pool or connection (ServerState::table_sizes)",
+            entries,
+        );
+        if let Some(heap) = heap_bytes() {
+            let family = Family::<Labels, Gauge<i64>>::default();
+            for (kind, n) in heap {
+                family.get_or_create(&vec![("kind".into(), kind.into())]).set(n.min(i64::MAX as u64) as i64);
+            }
+            reg.register(
+                "dd_heap_bytes",
+                "The C allocator's heap (glibc mallinfo2): in use, free, mmapped",
+                family,
+            );
+        }
         let requests = Family::<Labels, Counter>::default();
         for o in 0..OP_SLOTS {
             let op = if o == 0 { "unknown" } else { Op::ALL[o - 1].name() };
@@ -413,6 +436,27 @@ fn provisioner_metrics(reg: &mut Registry, reports: &[crate::provisioner::Stored
     for (n, h, f) in per {
         reg.register(n, h, f);
     }
+}
+
+/// The process heap as glibc's allocator sees it (`mallinfo2`): bytes in use (small and mmapped
+/// chunks), bytes free inside its arenas (fragmentation and what it keeps for reuse), and of those in
+/// use, bytes in separately mmapped chunks. `None` where the allocator is not glibc's.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn heap_bytes() -> Option<[(&'static str, u64); 3]> {
+    // SAFETY: mallinfo2 takes no arguments, only reads the allocator's statistics under its own locks
+    // and returns a plain struct by value.
+    let m = unsafe { libc::mallinfo2() };
+    Some([
+        ("in_use", (m.uordblks + m.hblkhd) as u64),
+        ("free", m.fordblks as u64),
+        ("mmapped", m.hblkhd as u64),
+    ])
+}
+
+/// See the glibc version: no statistics elsewhere.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn heap_bytes() -> Option<[(&'static str, u64); 3]> {
+    None
 }
 
 #[cfg(test)]

@@ -155,6 +155,12 @@ impl Persisted {
         self.salt
     }
 
+    /// Records held: one per registered VM, plus one per VM of the configuration file removed at run
+    /// time (which keeps it removed across restarts).
+    pub fn record_count(&self) -> usize {
+        self.records.len()
+    }
+
     /// The records, in VM id order.
     pub fn records(&self) -> impl Iterator<Item = &Record> {
         self.records.values()

@@ -51,6 +51,11 @@ impl Reports {
         self.by_vm.lock().remove(&vm.0);
     }
 
+    /// Reports held (at most one per registered VM).
+    pub fn count(&self) -> usize {
+        self.by_vm.lock().len()
+    }
+
     /// Every VM's report, by VM id.
     pub fn all(&self) -> Vec<StoredReport> {
         self.by_vm.lock().values().cloned().collect()

@@ -239,6 +239,35 @@ impl ServerState {
         Ok(self.cache.remove_vm(vm)?)
     }
 
+    /// Entries of every table keyed by a VM, a pool or a connection, engine and daemon, by name (the
+    /// `dd_table_entries` metric). Each is back to its earlier value once the VMs, pools and connections
+    /// created since are gone, except those documented as bounded: `registry_retired_tokens` (at most
+    /// `auth::RETIRED_KEPT`), `dedup_groups` (one per distinct group name ever used),
+    /// `engine_pool_table_capacity` (within 4x the pools + 16 per shard) and
+    /// `engine_pool_objects_alive` (at most one destroyed pool per runtime thread besides the pools).
+    pub fn table_sizes(&self) -> Vec<(&'static str, u64)> {
+        let e = self.cache.table_sizes();
+        let (registrations, retired) = self.registry.table_sizes();
+        let (handshaking, vms_in_session) = self.admission.table_sizes();
+        let n = |x: usize| x as u64;
+        vec![
+            ("engine_vms", n(e.vms)),
+            ("engine_pools", n(e.pools)),
+            ("engine_pool_table_entries", n(e.pool_table_entries)),
+            ("engine_pool_table_capacity", n(e.pool_table_capacity)),
+            ("engine_pool_objects_alive", e.pool_objects_alive),
+            ("engine_pins", n(e.pins)),
+            ("registry_vms", n(registrations)),
+            ("registry_retired_tokens", n(retired)),
+            ("admission_handshaking", n(handshaking)),
+            ("admission_vms_in_session", n(vms_in_session)),
+            ("persisted_records", n(self.persisted.lock().record_count())),
+            ("dedup_groups", n(self.dedup_groups.lock().len())),
+            ("dedup_group_names", n(self.dedup_group_names.lock().len())),
+            ("provisioner_reports", n(self.provisioner.count())),
+        ]
+    }
+
     /// The engine's number of a de-duplication group name (stable for the daemon's life).
     pub fn dedup_group_id(&self, name: &str) -> u32 {
         let mut g = self.dedup_groups.lock();

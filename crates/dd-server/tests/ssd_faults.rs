@@ -118,7 +118,13 @@ fn a_failing_ssd_is_reported_in_metrics_and_the_memory_store_keeps_serving() {
         assert_eq!(c.get(mem, i), Some(page(mem, i)));
     }
 
-    let text = st.metrics.render(&st.cache.host_stats(), st.cache.ssd_io_stats().as_ref(), None, &[]);
+    let text = st.metrics.render(
+        &st.cache.host_stats(),
+        st.cache.ssd_io_stats().as_ref(),
+        None,
+        &[],
+        &st.table_sizes(),
+    );
     assert_eq!(metric(&text, "dd_ssd_failing"), 1, "{text}");
     assert!(metric(&text, "dd_ssd_write_errors_total") >= 1, "{text}");
     assert_eq!(metric(&text, "dd_ssd_read_errors_total"), 8, "{text}");

@@ -6,7 +6,8 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct SoakArgs {
-    /// How long to run the mixed load.
+    /// How long to run the mixed load. Runs of 1800 s or more also check that the RSS is flat over
+    /// the second half (least-squares slope at most 2 MiB per hour); shorter runs report the slope only.
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
     /// Print one JSON object instead of a summary.
@@ -51,6 +52,19 @@ pub fn run(a: SoakArgs) -> Result<()> {
             r.rss.bound_mib,
             if r.rss.bounded { "ok" } else { "EXCEEDED" }
         );
+        let slope = r.rss.second_half_slope_mib_per_h.map_or("n/a".into(), |s| format!("{s:+.2} MiB/h"));
+        outln!(
+            "rss slope over the second half: {slope} (limit {:.1} MiB/h{}): {}",
+            r.rss.slope_limit_mib_per_h,
+            if r.rss.slope_checked { "" } else { ", not checked in runs under 30 min" },
+            if !r.rss.slope_checked {
+                "unchecked"
+            } else if r.rss.flat {
+                "ok"
+            } else {
+                "GROWING"
+            }
+        );
         outln!(
             "stats identity over {} pools, {} VMs and the host: {}",
             r.identity.pools_checked,
@@ -63,6 +77,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
         let why = [
             r.load_error.clone(),
             (!r.rss.bounded).then(|| "RSS above its bound".to_string()),
+            (!r.rss.flat).then(|| "RSS still growing over the second half".to_string()),
             (!r.identity.holds).then(|| format!("identity broken: {:?}", r.identity.failures)),
             (!r.healthy).then(|| "daemon not healthy".to_string()),
             (!r.clean_exit).then(|| "no clean exit on SIGTERM".to_string()),

@@ -39,7 +39,10 @@ impl Cache {
                 retired: Counters::default(),
                 entitlement: [0; 2],
                 weight_sum: [0; 2],
-                share: Arc::new(VmShare::default()),
+                share: Arc::new(VmShare {
+                    pools_alive: self.shared.pools_alive.clone(),
+                    ..VmShare::default()
+                }),
                 next_pool: 1,
                 max_pools: self.shared.max_pools_per_vm,
                 dedup_group: None,
@@ -333,7 +336,17 @@ impl Shared {
     /// Marks a pool dead, drops every page (counted as flushes) and returns its final counters. Called
     /// with the tree write-locked; removes the pool from the table.
     fn destroy_locked(&self, p: &Arc<Pool>) -> Counters {
-        self.pools[shard_of(p.vm, p.id)].write().remove(&(p.vm, p.id));
+        {
+            let mut shard = self.pools[shard_of(p.vm, p.id)].write();
+            shard.remove(&(p.vm, p.id));
+            // A shard keeps its capacity when pools go; a burst of pools would leave it at the burst's
+            // size for good. Shrunk to twice its pools once under a quarter full, so it stays within 4x
+            // its pools (or 16 buckets).
+            let n = shard.len();
+            if shard.capacity() > 16 && n * 4 < shard.capacity() {
+                shard.shrink_to(n * 2);
+            }
+        }
         p.destroyed.store(true, Ordering::Release);
         let (locs, counters) = {
             let mut g = p.inner.lock();
@@ -341,7 +354,7 @@ impl Shared {
             let ids = g.all_ids();
             let locs: Vec<Loc> = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
             g.drop_all_remote();
-            g.forget_spare_maps();
+            g.release_memory();
             p.publish(&g);
             (locs, g.counters)
         };

@@ -200,6 +200,8 @@ struct Shared {
     pins: Mutex<Map<u64, crate::store::frame::FrameId>>,
     next_pin: AtomicU64,
     pins_granted: AtomicU64,
+    /// `Pool` objects not yet dropped (every VM's share holds this counter; see `pool::VmShare`).
+    pools_alive: Arc<AtomicU64>,
 }
 
 /// What a get found when co-operative de-duplication is in use.
@@ -301,6 +303,7 @@ impl Cache {
             pins: Mutex::new(Map::with_hasher(Hasher::default())),
             next_pin: AtomicU64::new(1),
             pins_granted: AtomicU64::new(0),
+            pools_alive: Arc::new(AtomicU64::new(0)),
         });
         let worker = match cfg.maintenance {
             Maintenance::Inline => None,

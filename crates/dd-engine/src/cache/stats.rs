@@ -9,7 +9,7 @@ use super::{Cache, Shared, Tree, VmNode};
 use crate::error::CacheError;
 use crate::policy::effective::{self, Effective, VmUse};
 use crate::pool::Pool;
-use crate::stats::{HostStats, PoolStats, StoreStatus, VmStats};
+use crate::stats::{HostStats, PoolStats, StoreStatus, TableSizes, VmStats};
 use crate::types::{PoolId, StoreKind, VmId};
 use std::sync::atomic::Ordering;
 
@@ -29,6 +29,29 @@ impl Cache {
         let tree = self.shared.tree.read();
         let node = tree.vms.get(&vm).ok_or(CacheError::UnknownVm(vm))?;
         Ok(self.shared.vm_stats(vm, node, &self.shared.effective(&tree)))
+    }
+
+    /// Sizes of the tables keyed by a VM or a pool (issue 35: they must shrink when their VMs and
+    /// pools go).
+    pub fn table_sizes(&self) -> TableSizes {
+        let (vms, pools) = {
+            let tree = self.shared.tree.read();
+            (tree.vms.len(), tree.pool_count)
+        };
+        let (mut entries, mut capacity) = (0, 0);
+        for shard in &self.shared.pools {
+            let t = shard.read();
+            entries += t.len();
+            capacity += t.capacity();
+        }
+        TableSizes {
+            vms,
+            pools,
+            pool_table_entries: entries,
+            pool_table_capacity: capacity,
+            pool_objects_alive: self.shared.pools_alive.load(Ordering::Relaxed),
+            pins: self.shared.pins.lock().len(),
+        }
     }
 
     pub fn host_stats(&self) -> HostStats {
