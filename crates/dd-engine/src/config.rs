@@ -173,6 +173,27 @@ pub struct EngineConfig {
     /// [`crate::Cache::set_vm_pool_quota`]). Default 1024.
     #[serde(default = "default_max_pools_per_vm")]
     pub max_pools_per_vm: usize,
+    /// Shards of a new pool whose options do not name a count (`PoolOptions::shards` 0): a power of two
+    /// up to 256, or 0 (the default) for twice the host's cores rounded up to a power of two, at most 64
+    /// (`pool.rs`: each shard is an independent index, queue and lock). One shard is a single queue
+    /// (what the lab runs with).
+    #[serde(default)]
+    pub pool_shards: u32,
+}
+
+/// The shard count `pool_shards = 0` stands for: twice the host's cores, rounded up to a power of two, at
+/// most 64.
+pub fn default_pool_shards() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    (2 * cores).next_power_of_two().min(64)
+}
+
+/// Checks a shard count (0 or a power of two up to `pool::MAX_SHARDS`); the error names `field`.
+pub(crate) fn check_shards(field: &str, shards: u32) -> Result<(), CacheError> {
+    if shards != 0 && (!shards.is_power_of_two() || shards > crate::pool::MAX_SHARDS) {
+        return Err(CacheError::invalid(field, format!("{shards} is not 0 or a power of two up to 256")));
+    }
+    Ok(())
 }
 
 fn default_max_pools_per_vm() -> usize {
@@ -193,6 +214,7 @@ impl Default for EngineConfig {
             max_batch_pages: 256,
             max_pools: 65_536,
             max_pools_per_vm: default_max_pools_per_vm(),
+            pool_shards: 0,
         }
     }
 }
@@ -249,6 +271,7 @@ impl EngineConfig {
         if self.max_pools_per_vm == 0 || self.max_pools_per_vm > u32::MAX as usize {
             return Err(CacheError::invalid("max_pools_per_vm", "must be 1 to 2^32 - 1"));
         }
+        check_shards("pool_shards", self.pool_shards)?;
         Ok(())
     }
 

@@ -425,6 +425,7 @@ fn run_row(
             spec: Spec::Mem { weight: 100 },
             order: EvictionOrder::default(),
             exclusive_gets: false,
+            shards: 0,
         })?;
         let r = run_load("doubledecker", spec, daemon.pid, |_| DdConn::connect(daemon.tcp, &vm, pool))?;
         let mut d = daemon;

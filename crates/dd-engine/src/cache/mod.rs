@@ -12,8 +12,8 @@
 //!   eviction lock so that concurrent puts do not evict several batches for one page.
 //!
 //! # Lock order
-//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool mutexes (increasing pool id)
-//! -> pool-table shards, memory-store free stacks and SSD-store internals (leaves). A thread never
+//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool shard mutexes (increasing
+//! pool id; within a pool, increasing shard index) -> pool-table shards, memory-store free stacks and SSD-store internals (leaves). A thread never
 //! acquires a lock that comes earlier in this list while holding a later one.
 //!
 //! # Where the expensive work happens
@@ -165,6 +165,8 @@ struct Shared {
     max_batch: usize,
     max_pools: usize,
     max_pools_per_vm: usize,
+    /// Shards of a pool whose options name none (`EngineConfig::pool_shards`, 0 resolved).
+    pool_shards: u32,
     maintenance: Maintenance,
     maintenance_interval: Duration,
     settings: RwLock<Settings>,
@@ -274,6 +276,10 @@ impl Cache {
             max_batch: cfg.max_batch_pages,
             max_pools: cfg.max_pools,
             max_pools_per_vm: cfg.max_pools_per_vm,
+            pool_shards: match cfg.pool_shards {
+                0 => crate::config::default_pool_shards(),
+                n => n,
+            },
             maintenance: cfg.maintenance,
             maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
             settings: RwLock::new(Settings {
