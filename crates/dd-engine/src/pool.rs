@@ -849,6 +849,57 @@ mod tests {
         }
     }
 
+    fn pool(shards: usize) -> Pool {
+        let spec = Spec::Mem { weight: 1 };
+        Pool::new(
+            PoolId(1),
+            VmId(1),
+            PoolKind::Ephemeral,
+            spec,
+            EvictionOrder::Fifo,
+            true,
+            Arc::default(),
+            shards,
+        )
+    }
+
+    /// Eviction quotas level the shards: the fullest give first, the total is what was asked (or all
+    /// there is), and one shard takes the whole batch.
+    #[test]
+    fn quotas_take_from_the_fullest_shards_first() {
+        assert_eq!(pool(1).quotas(StoreKind::Mem, 7), vec![(0, 7)]);
+        let p = pool(4);
+        for (i, n) in [10u64, 4, 7, 0].into_iter().enumerate() {
+            p.shards[i].used[0].store(n, Ordering::Relaxed);
+        }
+        assert_eq!(p.quotas(StoreKind::Mem, 3), vec![(0, 3)]);
+        // 10 -> 6, 7 -> 6: levels 6 (one each from the shards at the level after that).
+        assert_eq!(p.quotas(StoreKind::Mem, 5), vec![(0, 4), (2, 1)]);
+        assert_eq!(p.quotas(StoreKind::Mem, 8), vec![(0, 6), (2, 2)]);
+        assert_eq!(p.quotas(StoreKind::Mem, 100), vec![(0, 10), (1, 4), (2, 7)]);
+        for n in 0..=21 {
+            let q = p.quotas(StoreKind::Mem, n);
+            assert_eq!(q.iter().map(|(_, k)| k).sum::<u64>(), n);
+            assert!(q.iter().all(|(i, k)| *k <= p.shards[*i].used[0].load(Ordering::Relaxed)));
+        }
+    }
+
+    /// Keys spread over the shards by extent: the pages of one 16-page extent share a shard, and a
+    /// run of extents uses every shard.
+    #[test]
+    fn keys_spread_over_shards_by_extent() {
+        assert_eq!(shard_of(Key::new(3, 99), 0), 0);
+        let mut seen = [0u32; 8];
+        for e in 0..256u64 {
+            let s = shard_of(Key::new(42, e << EXTENT_SHIFT), 7);
+            for i in 1..(1 << EXTENT_SHIFT) {
+                assert_eq!(shard_of(Key::new(42, (e << EXTENT_SHIFT) + i), 7), s);
+            }
+            seen[s] += 1;
+        }
+        assert!(seen.iter().all(|n| *n > 16), "{seen:?}");
+    }
+
     #[test]
     fn insert_replace_and_remove_keep_counters_exact() {
         let p = Pool::new(
