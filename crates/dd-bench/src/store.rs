@@ -136,6 +136,19 @@ pub struct StoreBenchReport {
     pub put_scaling_vs_memcpy: Option<f64>,
     /// The stats identity held at the end of the run.
     pub identity_holds: bool,
+    /// Lock waits of the `threads`-thread measurement, per lock class, with each class's wait time as
+    /// a share of the threads' time (`wait_ns / (threads x wall)`); present only in a build with the
+    /// engine's `lock-profile` feature.
+    pub lock_profile: Option<Vec<LockShare>>,
+}
+
+/// One lock class's waits in the measurement (`lock_profile`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LockShare {
+    #[serde(flatten)]
+    pub stat: dd_engine::lockprof::LockStat,
+    /// Wait time over the threads' wall-clock time together.
+    pub wait_share: f64,
 }
 
 /// Errors of `bench store`.
@@ -171,7 +184,16 @@ pub fn run(
         None
     };
     progress(&format!("measuring {} thread(s)", opts.threads));
+    dd_engine::lockprof::reset();
+    let t0 = Instant::now();
     let (rates, identity_holds) = measure(opts)?;
+    let thread_ns = t0.elapsed().as_nanos() as f64 * opts.threads as f64;
+    let lock_profile = dd_engine::lockprof::enabled().then(|| {
+        dd_engine::lockprof::snapshot()
+            .into_iter()
+            .map(|stat| LockShare { wait_share: stat.wait_ns as f64 / thread_ns, stat })
+            .collect()
+    });
     Ok(StoreBenchReport {
         threads: opts.threads,
         page_size_bytes: opts.page_size,
@@ -204,6 +226,7 @@ pub fn run(
             (rates.put_pages_per_s / s.put_pages_per_s) / (rates.memcpy_pages_per_s / s.memcpy_pages_per_s)
         }),
         identity_holds,
+        lock_profile,
     })
 }
 

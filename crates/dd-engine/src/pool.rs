@@ -159,6 +159,16 @@ pub(crate) struct Shard {
     used: [AtomicU64; 2],
 }
 
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        crate::lockprof::acquire(
+            crate::lockprof::LockClass::PoolShard,
+            || self.inner.try_lock(),
+            || self.inner.lock(),
+        )
+    }
+}
+
 /// Pages of one object that hash to the same shard together: 16 pages (64 KiB of 4 KiB pages), so a
 /// readahead batch of consecutive pages locks a few shards, not all, while a single large file (a
 /// database) still spreads over every shard.
@@ -283,17 +293,17 @@ impl Pool {
 
     /// Locks the shard that holds `key`.
     pub fn lock(&self, key: Key) -> MutexGuard<'_, PoolInner> {
-        self.shards[shard_of(key, self.shard_mask)].inner.lock()
+        self.shards[shard_of(key, self.shard_mask)].lock()
     }
 
     /// Locks shard `i`.
     pub fn lock_shard(&self, i: usize) -> MutexGuard<'_, PoolInner> {
-        self.shards[i].inner.lock()
+        self.shards[i].lock()
     }
 
     /// Locks every shard, in increasing index (destroy, object flushes and migrations).
     pub fn lock_all(&self) -> Vec<MutexGuard<'_, PoolInner>> {
-        self.shards.iter().map(|s| s.inner.lock()).collect()
+        self.shards.iter().map(|s| s.lock()).collect()
     }
 
     /// Locks the shards of `keys`, each once, in increasing index.
@@ -306,7 +316,7 @@ impl Pool {
         for (i, slot) in at.iter_mut().enumerate() {
             if *slot == 0 {
                 *slot = guards.len();
-                guards.push(self.shards[i].inner.lock());
+                guards.push(self.shards[i].lock());
             }
         }
         ShardGuards { at, guards, mask: self.shard_mask }
@@ -317,14 +327,14 @@ impl Pool {
     pub fn counters(&self) -> Counters {
         let mut c = Counters::default();
         for s in self.shards.iter() {
-            c.add(&s.inner.lock().counters);
+            c.add(&s.lock().counters);
         }
         c
     }
 
     /// Seq of the oldest page of a tier over every shard (global mode compares pools by it).
     pub fn oldest_seq(&self, store: StoreKind) -> Option<u64> {
-        self.shards.iter().filter_map(|s| s.inner.lock().oldest_seq(store)).min()
+        self.shards.iter().filter_map(|s| s.lock().oldest_seq(store)).min()
     }
 
     /// Shares of a batch of `n` pages of `store` to take from each shard: from the fullest shards

@@ -313,6 +313,15 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 if r.shared_pool {
                     outln!("one shared pool of     {:>14} shards", r.pool_shards);
                 }
+                for l in r.lock_profile.iter().flatten() {
+                    outln!(
+                        "lock {:<16} {:>12} acquisitions, {:>10} contended, waits {:.4} of thread time",
+                        l.stat.lock,
+                        l.stat.acquisitions,
+                        l.stat.contended,
+                        l.wait_share
+                    );
+                }
                 outln!("stats identity holds   {:>14}", r.identity_holds);
             }
         }

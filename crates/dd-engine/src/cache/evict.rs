@@ -24,7 +24,11 @@ impl Shared {
         }
         loop {
             let tree = self.tree.read();
-            let _evicting = st.evict_lock.lock();
+            let _evicting = crate::lockprof::acquire(
+                crate::lockprof::LockClass::EvictLock,
+                || st.evict_lock.try_lock(),
+                || st.evict_lock.lock(),
+            );
             if st.try_reserve(1) {
                 return true;
             }

@@ -388,7 +388,13 @@ impl Shared {
 
     /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
     fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
-        match self.pools[shard_of(vm, pool)].read().get(&(vm, pool)) {
+        let table = &self.pools[shard_of(vm, pool)];
+        let table = crate::lockprof::acquire(
+            crate::lockprof::LockClass::PoolTable,
+            || table.try_read(),
+            || table.read(),
+        );
+        match table.get(&(vm, pool)) {
             Some(p) => Ok(p.clone()),
             None => Err(CacheError::UnknownPool(pool)),
         }
