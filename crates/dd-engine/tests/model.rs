@@ -145,7 +145,7 @@ fn long_seeded_run_with_sharded_pools_agrees_with_the_model() {
 /// The failing-disk run with sharded pools.
 #[test]
 fn long_seeded_run_over_a_failing_disk_with_sharded_pools_agrees_with_the_model() {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xFA_17ED_5A);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xFA17_ED5A);
     let mut h = Harness::sharded_with_faults(19, 4);
     for _ in 0..30_000 {
         let op = match rng.gen_range(0..100) {
