@@ -188,9 +188,12 @@ pub fn default_pool_shards() -> u32 {
     (2 * cores).next_power_of_two().min(64)
 }
 
-/// Checks a shard count (0 or a power of two up to `pool::MAX_SHARDS`); the error names `field`.
+/// The largest shard count a pool may have.
+pub const MAX_POOL_SHARDS: u32 = 256;
+
+/// Checks a shard count (0 or a power of two up to [`MAX_POOL_SHARDS`]); the error names `field`.
 pub(crate) fn check_shards(field: &str, shards: u32) -> Result<(), CacheError> {
-    if shards != 0 && (!shards.is_power_of_two() || shards > crate::pool::MAX_SHARDS) {
+    if shards != 0 && (!shards.is_power_of_two() || shards > MAX_POOL_SHARDS) {
         return Err(CacheError::invalid(field, format!("{shards} is not 0 or a power of two up to 256")));
     }
     Ok(())
@@ -297,5 +300,18 @@ mod tests {
         assert!(err.to_string().contains("mem.max_capacity_bytes"), "{err}");
         cfg.mem.max_capacity_bytes = Some((u32::MAX as u64) * ps);
         assert!(cfg.validate().is_err(), "2^32 - 1 frames accepted");
+    }
+
+    /// A shard count is 0 (from the cores) or a power of two up to 256; a bad one names its field.
+    #[test]
+    fn pool_shards_must_be_zero_or_a_power_of_two() {
+        for ok in [0, 1, 2, 64, 256] {
+            EngineConfig { pool_shards: ok, ..Default::default() }.validate().unwrap();
+        }
+        for bad in [3, 6, 512] {
+            let err = EngineConfig { pool_shards: bad, ..Default::default() }.validate().unwrap_err();
+            assert!(err.to_string().contains("pool_shards"), "{err}");
+        }
+        assert!(default_pool_shards().is_power_of_two() && default_pool_shards() <= 64);
     }
 }

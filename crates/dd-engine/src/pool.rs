@@ -185,9 +185,6 @@ pub(crate) fn shard_of(key: Key, mask: usize) -> usize {
     (h >> 32) as usize & mask
 }
 
-/// The largest shard count a pool may have.
-pub const MAX_SHARDS: u32 = 256;
-
 /// The shards of a pool locked together (in increasing shard index), for an operation on several keys.
 pub(crate) struct ShardGuards<'a> {
     /// Position in `guards` of each shard's guard (`usize::MAX`: not locked).
@@ -235,7 +232,8 @@ pub(crate) struct PoolInner {
 }
 
 impl Pool {
-    /// A pool of `shards` shards (a power of two, 1 to [`MAX_SHARDS`]; the caller validated it).
+    /// A pool of `shards` shards (a power of two, 1 to `config::MAX_POOL_SHARDS`; the caller validated
+    /// it).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: PoolId,
@@ -247,7 +245,7 @@ impl Pool {
         share: Arc<VmShare>,
         shards: usize,
     ) -> Self {
-        debug_assert!(shards.is_power_of_two() && shards <= MAX_SHARDS as usize);
+        debug_assert!(shards.is_power_of_two() && shards <= crate::config::MAX_POOL_SHARDS as usize);
         let shard_mask = shards - 1;
         Pool {
             id,
