@@ -3,9 +3,9 @@
 //!
 //! A put first places the bytes (memory: shared with an equal page, in half a frame, or in a frame of its
 //! own; SSD: a fresh slot), reserving room in the store and evicting if it is full (`evict`), and only
-//! then indexes the page under the pool lock; a refused put still invalidates the older copy of its key.
-//! A get takes an exclusive pool's page out of the index under the lock and copies it outside; a
-//! non-exclusive get copies memory pages under the lock and reads SSD pages outside it, validating the
+//! then indexes the page under the lock of the key's pool shard; a refused put still invalidates the older
+//! copy of its key. A get takes an exclusive pool's page out of the index under the lock and copies it
+//! outside; a non-exclusive get copies memory pages under the lock and reads SSD pages outside it, validating the
 //! entry's version afterwards (a get may miss, never return stale bytes). Locations taken out of the
 //! index are freed with no pool lock held.
 

@@ -5,7 +5,8 @@
 //!   `RwLock`; it changes only on control-plane calls and is read when a victim must be chosen.
 //! * **Pools** are found through a sharded table (`POOL_SHARDS` `RwLock`ed hash maps), so the data path
 //!   takes no lock shared by all pools: a put or get locks one table shard for reading (to clone the
-//!   pool's `Arc`) and then the pool's own mutex. A [`PoolHandle`] holds that `Arc` and skips the table.
+//!   pool's `Arc`) and then the mutex of the key's shard of the pool (`pool.rs`: a pool is split into
+//!   shards by key hash, so threads on one pool rarely meet). A [`PoolHandle`] holds that `Arc` and skips the table.
 //! * Each **store** (memory, SSD) has a capacity and a reservation counter. A put reserves a page
 //!   before it allocates; when the reservation fails the store is full and the putting thread evicts one
 //!   batch from the victim chosen by Algorithm 1 (VM first, then pool), serialised by the store's
@@ -19,8 +20,8 @@
 //! # Where the expensive work happens
 //! Page copies into fresh frames, SSD reads and writes, and freeing frames and slots all happen with no
 //! pool lock held: an operation takes a location out of (or puts it into) the index under the lock and
-//! does the rest outside. Two exceptions copy 4 KiB under the pool lock because the page stays indexed
-//! and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
+//! does the rest outside. Two exceptions copy 4 KiB under the key's pool-shard lock because the page
+//! stays indexed and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
 //!
 //! # Invariants
 //! * A page key is indexed in at most one tier of one pool (exclusive caching, and "each page in exactly
@@ -30,7 +31,8 @@
 //!   validated against the entry's version after the read).
 //! * `stores[s].reserved` = pages indexed in store `s` + pages in flight (reserved, not yet indexed or
 //!   freed). At quiescence it equals the sum of the pools' `used`.
-//! * Per pool and store the statistics identity holds whenever the pool lock is free.
+//! * Per pool shard and store the statistics identity holds whenever the shard's lock is free, and so
+//!   for the pool's counters, which are the sum of its shards' read one shard lock at a time.
 //!
 //! # Co-operative de-duplication
 //! With a [`RemoteSink`] installed, eviction of an unshared memory page leaves a pending record and

@@ -1,7 +1,7 @@
 //! Statistics (GET_STATS for a pool, a VM, the host) and the invariant check of the whole cache.
 //!
-//! Counters are read under each pool's lock in turn, so a snapshot is consistent per pool, not across
-//! pools. Effective entitlements (`policy::effective`) are computed from the tree on each call.
+//! Counters are read under each pool shard's lock in turn (a pool's are the sum of its shards'), so a
+//! snapshot satisfies the identity per pool, but is not one instant across shards or pools. Effective entitlements (`policy::effective`) are computed from the tree on each call.
 //! `check_invariants` verifies every pool and that each store's reservation equals the pages indexed in it
 //! (frames in use and de-duplication references when pages share frames).
 
