@@ -20,14 +20,17 @@ pub use model_harness::{assert_identity_stats, Harness, Op, Setup, INDICES, OBJE
 /// Operations of one input at most.
 pub const MAX_OPS: usize = 1024;
 
-/// The engine a selector byte picks.
+/// The engine a selector byte picks: its low two bits the stores, the next two the pools' shard count
+/// (1, 2, 4 or 8; issue 28).
 pub fn setup_of(selector: u8) -> Setup {
-    match selector % 4 {
+    let shards = 1 << ((selector / 4) % 4);
+    let stores = match selector % 4 {
         0 => Setup::default(),
-        1 => Setup { dedup: true, compress: true, faults: false },
-        2 => Setup { dedup: false, compress: true, faults: false },
-        _ => Setup { dedup: false, compress: false, faults: true },
-    }
+        1 => Setup { dedup: true, compress: true, ..Setup::default() },
+        2 => Setup { compress: true, ..Setup::default() },
+        _ => Setup { faults: true, ..Setup::default() },
+    };
+    Setup { shards, ..stores }
 }
 
 /// One operation from the input, in the harness's ranges (VM, pool slot, object and index are

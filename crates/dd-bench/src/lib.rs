@@ -4,13 +4,15 @@
 //! section 11), and returns a serialisable report; the CLI prints it (`doubledecker bench ... --json`).
 //!
 //! * [`store`]: in-process put / get-hit / get-miss rates against a memcpy loop over the same bytes in
-//!   the same order, for one thread and several.
+//!   the same order, for one thread and several, each on its own pool or all on one.
 //! * [`dedup`]: put cost with content de-duplication against without, same run.
 //! * [`lab`]: the lab emulator's page accesses per second on one core, full stack (absolute target).
 //! * [`mrc`]: references per CPU second of the miss-ratio-curve methods on one binary trace (absolute
 //!   targets), with SHARDS's error against the exact curve of the same run.
 //! * [`ssd`]: the SSD store's 4 KiB random-read IOPS against fio on the same file system.
-//! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both.
+//! * [`server`]: the daemon over TCP loopback against memcached, one load generator for both; the
+//!   connections on one pool, or spread over several VMs or pools.
+//! * [`shards`]: a sharded pool's miss ratio against a single queue's on a synthetic trace (issue 28).
 //! * [`soak`]: mixed load on the daemon for a long time; checks bounded memory and the stats identity.
 //! * [`tenants`]: VM A's verified load with and without each attack of VM B on the same daemon.
 //! * [`remote`]: remotify and remotified-get latency with two daemons (co-operative de-duplication).
@@ -29,6 +31,7 @@ pub mod mrc;
 pub mod relay;
 pub mod remote;
 pub mod server;
+pub mod shards;
 pub mod soak;
 pub mod ssd;
 pub mod store;

@@ -34,6 +34,12 @@
 //! the CPU to another process does not look slow: what is left is what the phase itself cost, memory
 //! stalls included. On a quiet machine the two clocks agree; the wall-clock rates stay in the report,
 //! and the scaling ratios use them (they are about parallelism).
+//!
+//! **`--shared-pool`** (issue 28): every thread works on one pool (its own keys, a database's vCPUs on
+//! one container's pool) instead of a pool each, and the report adds memcpy's own scaling over the same
+//! threads, and the put and get-hit scalings as fractions of it (targets: get-hit at least 0.8, put at
+//! least 0.6). `pool_shards` sets the pool's shard count (0: the engine's default from the cores; 1: a
+//! single lock, the pool before sharding).
 
 use dd_engine::config::{Maintenance, MemStoreConfig};
 use dd_engine::{Cache, EngineConfig, Key, PoolOptions, Spec, VmId, VmWeights};
@@ -56,6 +62,10 @@ pub struct StoreBenchOptions {
     pub duration_secs: f64,
     pub page_size: usize,
     pub seed: u64,
+    /// Every thread on one pool (module docs). Default false.
+    pub shared_pool: bool,
+    /// Shards of the pools (0: the engine's default). Default 0.
+    pub pool_shards: u32,
 }
 
 impl Default for StoreBenchOptions {
@@ -66,6 +76,8 @@ impl Default for StoreBenchOptions {
             duration_secs: 3.0,
             page_size: 4096,
             seed: 0x5eed,
+            shared_pool: false,
+            pool_shards: 0,
         }
     }
 }
@@ -112,8 +124,31 @@ pub struct StoreBenchReport {
     /// `put_pages_per_s / single_thread.put_pages_per_s`; SPEC target for 2 threads: at least 1.7.
     pub put_scaling: Option<f64>,
     pub get_hit_scaling: Option<f64>,
+    /// Whether the threads shared one pool (`--shared-pool`).
+    pub shared_pool: bool,
+    /// The pools' shard count (the engine's default resolved).
+    pub pool_shards: u32,
+    /// `memcpy_pages_per_s / single_thread.memcpy_pages_per_s`: what the machine gives the threads.
+    pub memcpy_scaling: Option<f64>,
+    /// `get_hit_scaling / memcpy_scaling`; issue 28 target with `--shared-pool`: at least 0.8.
+    pub get_hit_scaling_vs_memcpy: Option<f64>,
+    /// `put_scaling / memcpy_scaling`; issue 28 target with `--shared-pool`: at least 0.6.
+    pub put_scaling_vs_memcpy: Option<f64>,
     /// The stats identity held at the end of the run.
     pub identity_holds: bool,
+    /// Lock waits of the `threads`-thread measurement, per lock class, with each class's wait time as
+    /// a share of the threads' time (`wait_ns / (threads x wall)`); present only in a build with the
+    /// engine's `lock-profile` feature.
+    pub lock_profile: Option<Vec<LockShare>>,
+}
+
+/// One lock class's waits in the measurement (`lock_profile`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LockShare {
+    #[serde(flatten)]
+    pub stat: dd_engine::lockprof::LockStat,
+    /// Wait time over the threads' wall-clock time together.
+    pub wait_share: f64,
 }
 
 /// Errors of `bench store`.
@@ -149,7 +184,16 @@ pub fn run(
         None
     };
     progress(&format!("measuring {} thread(s)", opts.threads));
+    dd_engine::lockprof::reset();
+    let t0 = Instant::now();
     let (rates, identity_holds) = measure(opts)?;
+    let thread_ns = t0.elapsed().as_nanos() as f64 * opts.threads as f64;
+    let lock_profile = dd_engine::lockprof::enabled().then(|| {
+        dd_engine::lockprof::snapshot()
+            .into_iter()
+            .map(|stat| LockShare { wait_share: stat.wait_ns as f64 / thread_ns, stat })
+            .collect()
+    });
     Ok(StoreBenchReport {
         threads: opts.threads,
         page_size_bytes: opts.page_size,
@@ -168,7 +212,21 @@ pub fn run(
         single_thread: single,
         put_scaling: single.map(|s| rates.put_pages_per_s / s.put_pages_per_s),
         get_hit_scaling: single.map(|s| rates.get_hit_pages_per_s / s.get_hit_pages_per_s),
+        shared_pool: opts.shared_pool,
+        pool_shards: match opts.pool_shards {
+            0 => dd_engine::config::default_pool_shards(),
+            n => n,
+        },
+        memcpy_scaling: single.map(|s| rates.memcpy_pages_per_s / s.memcpy_pages_per_s),
+        get_hit_scaling_vs_memcpy: single.map(|s| {
+            (rates.get_hit_pages_per_s / s.get_hit_pages_per_s)
+                / (rates.memcpy_pages_per_s / s.memcpy_pages_per_s)
+        }),
+        put_scaling_vs_memcpy: single.map(|s| {
+            (rates.put_pages_per_s / s.put_pages_per_s) / (rates.memcpy_pages_per_s / s.memcpy_pages_per_s)
+        }),
         identity_holds,
+        lock_profile,
     })
 }
 
@@ -191,10 +249,16 @@ fn measure(opts: &StoreBenchOptions) -> Result<(Rates, bool), StoreBenchError> {
         page_size_bytes: ps,
         mem: MemStoreConfig { capacity_bytes: total_pages * ps as u64, ..Default::default() },
         maintenance: Maintenance::Inline,
+        pool_shards: opts.pool_shards,
         ..Default::default()
     };
     let cache = Arc::new(Cache::new(cfg)?);
     cache.add_vm(VmId(1), VmWeights::equal(1))?;
+    let shared = if opts.shared_pool {
+        Some(cache.new_pool(VmId(1), PoolOptions::ephemeral(Spec::Mem { weight: 1 }))?)
+    } else {
+        None
+    };
     let barrier = Arc::new(Barrier::new(opts.threads));
     let deadline = Duration::from_secs_f64(opts.duration_secs);
     let results: Vec<Result<ThreadTimes, StoreBenchError>> = std::thread::scope(|scope| {
@@ -203,7 +267,7 @@ fn measure(opts: &StoreBenchOptions) -> Result<(Rates, bool), StoreBenchError> {
                 let cache = cache.clone();
                 let barrier = barrier.clone();
                 let opts = opts.clone();
-                scope.spawn(move || thread_main(t, &cache, &barrier, &opts, deadline))
+                scope.spawn(move || thread_main(t, &cache, shared, &barrier, &opts, deadline))
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("bench thread panicked")).collect()
@@ -258,6 +322,7 @@ fn stamp(page: &mut [u8], key: u64) {
 fn thread_main(
     t: usize,
     cache: &Cache,
+    shared: Option<dd_engine::PoolId>,
     barrier: &Barrier,
     opts: &StoreBenchOptions,
     deadline: Duration,
@@ -265,7 +330,13 @@ fn thread_main(
     let ps = opts.page_size;
     let n = opts.working_set_pages as usize;
     let vm = VmId(1);
-    let pool = cache.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 }))?;
+    let pool = match shared {
+        Some(p) => p,
+        None => cache.new_pool(vm, PoolOptions::ephemeral(Spec::Mem { weight: 1 }))?,
+    };
+    // Objects of 64 pages; on a shared pool each thread's objects are its own.
+    let first_object = if shared.is_some() { (t as u64) << 32 } else { 0 };
+    let key = |i: u32| Key::new(first_object + i as u64 / 64, i as u64);
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     // The source data: one buffer as large as this thread's resident data in the cache.
     let mut data_buf = PageAligned::zeroed(n * ps);
@@ -291,10 +362,10 @@ fn thread_main(
     // touched when it was filled above. Timing starts with both resident, as a running cache is.
     for &i in &put_order {
         let i = i as usize;
-        cache.put(vm, pool, Key::new(i as u64 / 64, i as u64), &data[i * ps..(i + 1) * ps])?;
+        cache.put(vm, pool, key(i as u32), &data[i * ps..(i + 1) * ps])?;
     }
     for &i in &get_order {
-        cache.get(vm, pool, Key::new(i as u64 / 64, i as u64), out)?;
+        cache.get(vm, pool, key(i), out)?;
     }
     barrier.wait();
     let start = Instant::now();
@@ -321,7 +392,7 @@ fn thread_main(
         let (t0, c0) = (Instant::now(), crate::thread_cpu_s());
         for &i in &put_order {
             let i = i as usize;
-            cache.put(vm, pool, Key::new(i as u64 / 64, i as u64), &data[i * ps..(i + 1) * ps])?;
+            cache.put(vm, pool, key(i as u32), &data[i * ps..(i + 1) * ps])?;
         }
         times.put += t0.elapsed();
         times.cpu[1] += crate::thread_cpu_s() - c0;
@@ -329,7 +400,7 @@ fn thread_main(
         let (t0, c0) = (Instant::now(), crate::thread_cpu_s());
         let mut hits = 0u64;
         for &i in &get_order {
-            hits += cache.get(vm, pool, Key::new(i as u64 / 64, i as u64), out)? as u64;
+            hits += cache.get(vm, pool, key(i), out)? as u64;
             black_box(&mut *out);
         }
         times.get_hit += t0.elapsed();
@@ -345,7 +416,7 @@ fn thread_main(
 
         let t0 = Instant::now();
         for &i in &get_order {
-            let hit = cache.get(vm, pool, Key::new(i as u64 / 64, i as u64), out)?;
+            let hit = cache.get(vm, pool, key(i), out)?;
             black_box(hit);
         }
         times.get_miss += t0.elapsed();

@@ -455,6 +455,7 @@ pub fn run(o: &TenantsBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Te
         spec: Spec::Mem { weight: 100 },
         order: EvictionOrder::default(),
         exclusive_gets: false,
+        shards: 0,
     })?;
     let mut threads: Vec<LoadThread> = (0..o.threads as u64)
         .map(|t| LoadThread {

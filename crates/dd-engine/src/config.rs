@@ -173,6 +173,30 @@ pub struct EngineConfig {
     /// [`crate::Cache::set_vm_pool_quota`]). Default 1024.
     #[serde(default = "default_max_pools_per_vm")]
     pub max_pools_per_vm: usize,
+    /// Shards of a new pool whose options do not name a count (`PoolOptions::shards` 0): a power of two
+    /// up to 256, or 0 (the default) for twice the host's cores rounded up to a power of two, at most 64
+    /// (`pool.rs`: each shard is an independent index, queue and lock). One shard is a single queue
+    /// (what the lab runs with).
+    #[serde(default)]
+    pub pool_shards: u32,
+}
+
+/// The shard count `pool_shards = 0` stands for: twice the host's cores, rounded up to a power of two, at
+/// most 64.
+pub fn default_pool_shards() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    (2 * cores).next_power_of_two().min(64)
+}
+
+/// The largest shard count a pool may have.
+pub const MAX_POOL_SHARDS: u32 = 256;
+
+/// Checks a shard count (0 or a power of two up to [`MAX_POOL_SHARDS`]); the error names `field`.
+pub(crate) fn check_shards(field: &str, shards: u32) -> Result<(), CacheError> {
+    if shards != 0 && (!shards.is_power_of_two() || shards > MAX_POOL_SHARDS) {
+        return Err(CacheError::invalid(field, format!("{shards} is not 0 or a power of two up to 256")));
+    }
+    Ok(())
 }
 
 fn default_max_pools_per_vm() -> usize {
@@ -193,6 +217,7 @@ impl Default for EngineConfig {
             max_batch_pages: 256,
             max_pools: 65_536,
             max_pools_per_vm: default_max_pools_per_vm(),
+            pool_shards: 0,
         }
     }
 }
@@ -249,6 +274,7 @@ impl EngineConfig {
         if self.max_pools_per_vm == 0 || self.max_pools_per_vm > u32::MAX as usize {
             return Err(CacheError::invalid("max_pools_per_vm", "must be 1 to 2^32 - 1"));
         }
+        check_shards("pool_shards", self.pool_shards)?;
         Ok(())
     }
 
@@ -274,5 +300,18 @@ mod tests {
         assert!(err.to_string().contains("mem.max_capacity_bytes"), "{err}");
         cfg.mem.max_capacity_bytes = Some((u32::MAX as u64) * ps);
         assert!(cfg.validate().is_err(), "2^32 - 1 frames accepted");
+    }
+
+    /// A shard count is 0 (from the cores) or a power of two up to 256; a bad one names its field.
+    #[test]
+    fn pool_shards_must_be_zero_or_a_power_of_two() {
+        for ok in [0, 1, 2, 64, 256] {
+            EngineConfig { pool_shards: ok, ..Default::default() }.validate().unwrap();
+        }
+        for bad in [3, 6, 512] {
+            let err = EngineConfig { pool_shards: bad, ..Default::default() }.validate().unwrap_err();
+            assert!(err.to_string().contains("pool_shards"), "{err}");
+        }
+        assert!(default_pool_shards().is_power_of_two() && default_pool_shards() <= 64);
     }
 }

@@ -38,6 +38,7 @@ macro_rules! invariant {
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod lockprof;
 pub mod names;
 pub(crate) mod order;
 mod page_map;

@@ -1,17 +1,33 @@
-//! One pool: the index of a container's pages and its per-tier eviction queues.
+//! One pool: the index of a container's pages and its per-tier eviction queues, split into **shards**.
 //!
-//! Everything in [`PoolInner`] is guarded by the pool's mutex; no other lock is taken while it is held
-//! except, in `migrate_object`, the lock of a second pool, always in increasing pool-id order (see the
-//! lock order in `cache/mod.rs`). Page bytes are never copied into or out of the SSD, and frames and slots
-//! are never freed, while the lock is held: callers take locations out under the lock and do the
-//! expensive part after releasing it. Memory frames of entries that stay in the index are read under the
-//! lock (non-exclusive gets, demotion), which is what keeps a concurrent free from racing the copy.
+//! A pool is `shards` independent [`PoolInner`]s, each behind its own mutex (issue 28: one pool hit by
+//! every vCPU of its VM must not serialise on one lock). A key belongs to the shard its hash names
+//! ([`shard_of`]: the object and the page's 16-page extent, so a batch of consecutive pages of a file
+//! touches a few shards); everything about the key (its index slot, its queue entry, its remote
+//! record) lives in that shard. Each shard has its own counters; the pool's are their sum, read shard by
+//! shard ([`Pool::counters`]), so the identity of `stats.rs`, which holds per shard whenever its lock is
+//! free, holds for the sum too. The shard count is a power of two, a pool option (`PoolOptions::shards`,
+//! default `EngineConfig::pool_shards`, itself from the host's cores); with one shard the pool behaves
+//! exactly as the unsharded pool did (the lab runs with one: its outputs stay byte-identical).
+//!
+//! Eviction across shards ([`Pool::quotas`]) takes a batch from the fullest shards first, so that the
+//! shards' sizes stay level; each shard gives its own oldest (in its order), so the pool's order is
+//! approximated (docs/decisions.md D33 says by how much).
+//!
+//! Locks: no other lock is taken while a shard's is held except more shards of the same pool, always in
+//! increasing shard index (batched gets, destroy, object flushes), and, in `migrate_object`, the shards
+//! of a second pool, the pools in increasing pool-id order (see the lock order in `cache/mod.rs`). Page
+//! bytes are never copied into or out of the SSD, and frames and slots are never freed, while a lock is
+//! held: callers take locations out under the lock and do the expensive part after releasing it. Memory
+//! frames of entries that stay in the index are read under their shard's lock (non-exclusive gets,
+//! demotion), which is what keeps a concurrent free from racing the copy.
 //!
 //! Invariants (checked by [`PoolInner::check`] in debug and `strict-invariants` builds):
-//! * every entry is in the object index exactly once and linked in the queue of its location's tier;
-//! * `counters.<store>.used` equals the number of entries located in that store, and the mirrored atomic
-//!   `Pool::used` equals it whenever the lock is released;
-//! * the identity of `stats.rs` holds for both stores;
+//! * every entry is in its shard's object index exactly once, in the shard [`shard_of`] names, and
+//!   linked in the queue of its location's tier;
+//! * `counters.<store>.used` equals the number of the shard's entries located in that store, and the
+//!   shard's mirrored atomic equals it whenever the shard's lock is released (`Pool::used` sums them);
+//! * the identity of `stats.rs` holds for both stores in every shard;
 //! * a key with a remote record (`remote.rs`: pending or remotified) is not indexed, and
 //!   `counters.remote_pages` equals the number of remotified records.
 
@@ -22,7 +38,8 @@ use crate::stats::Counters;
 use crate::store::frame::FrameId;
 use crate::store::ssd::SlotId;
 use crate::types::{EvictionOrder, Key, PoolId, PoolKind, Spec, StoreKind, VmId};
-use parking_lot::Mutex;
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -124,15 +141,17 @@ pub(crate) struct Pool {
     pub exclusive_gets: bool,
     pub order: EvictionOrder,
     pub spec: AtomicSpec,
-    pub inner: Mutex<PoolInner>,
-    /// Mirror of `inner.counters.<store>.used`, readable without the lock (victim selection).
-    pub used: [AtomicU64; 2],
+    /// The shards (module docs), a power of two of them; each on its own cache lines, so threads on
+    /// different shards share no line.
+    shards: Box<[CachePadded<Shard>]>,
+    /// `shards.len() - 1`.
+    shard_mask: usize,
     /// De-duplication domain of new puts (`store::dedup`): 0 = shared, otherwise private to the VM.
     pub dedup_domain: AtomicU64,
     /// The VM's share, from which the pool's entitlement is derived on read (so that recomputing the
     /// partition never walks other VMs' pools).
     pub share: Arc<VmShare>,
-    /// Set by destroy (before `inner.dead`): handles check it without taking the lock.
+    /// Set by destroy (before the shards' `dead`): handles check it without taking a lock.
     pub destroyed: std::sync::atomic::AtomicBool,
     /// The name the guest gave the pool (its container's cgroup name), if any: what statistics,
     /// `/metrics` and `/ui/` show. A leaf lock, held only to read or replace the name; gone with the pool.
@@ -145,7 +164,60 @@ impl Drop for Pool {
     }
 }
 
+/// One shard of a pool: its part of the index and queues, and the lock-free mirror of its `used`.
+pub(crate) struct Shard {
+    inner: Mutex<PoolInner>,
+    /// Mirror of `inner.counters.<store>.used`, readable without the lock (victim selection).
+    used: [AtomicU64; 2],
+}
+
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        crate::lockprof::acquire(
+            crate::lockprof::LockClass::PoolShard,
+            || self.inner.try_lock(),
+            || self.inner.lock(),
+        )
+    }
+}
+
+/// Pages of one object that hash to the same shard together: 16 pages (64 KiB of 4 KiB pages), so a
+/// readahead batch of consecutive pages locks a few shards, not all, while a single large file (a
+/// database) still spreads over every shard.
+const EXTENT_SHIFT: u32 = 4;
+
+/// The shard of `key` among `mask + 1` shards. A fixed mix (not seeded): a guest that picks colliding
+/// keys only crowds its own pool's shards, and the same keys land in the same shards on every run.
+pub(crate) fn shard_of(key: Key, mask: usize) -> usize {
+    if mask == 0 {
+        return 0;
+    }
+    let h = (key.object.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (key.index >> EXTENT_SHIFT))
+        .wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    (h >> 32) as usize & mask
+}
+
+/// The shards of a pool locked together (in increasing shard index), for an operation on several keys.
+pub(crate) struct ShardGuards<'a> {
+    /// Position in `guards` of each shard's guard (`usize::MAX`: not locked).
+    at: Vec<usize>,
+    pub guards: Vec<MutexGuard<'a, PoolInner>>,
+    mask: usize,
+}
+
+impl ShardGuards<'_> {
+    /// The locked shard of `key` (which must be one of the keys the guards were taken for).
+    pub fn of(&mut self, key: Key) -> &mut PoolInner {
+        let i = self.at[shard_of(key, self.mask)];
+        &mut self.guards[i]
+    }
+}
+
 pub(crate) struct PoolInner {
+    /// This shard's index in its pool.
+    shard: usize,
+    /// The pool's shard mask (the check verifies every key is in its own shard).
+    shard_mask: usize,
     /// object -> index -> (entry id, location). The location is duplicated here so that a get learns
     /// where the bytes are from the index probe alone and can prefetch them while it finishes the
     /// bookkeeping (the slab entry is a second, independent cache miss).
@@ -155,7 +227,7 @@ pub(crate) struct PoolInner {
     /// Emptied per-object maps kept for the next objects, so that a file whose pages all left and come
     /// back does not allocate and grow its map again.
     spare: SpareMaps,
-    /// The most entries the pool has held: what bounds the spare maps' capacity.
+    /// The most entries the shard has held: what bounds the spare maps' capacity.
     peak: usize,
     pub slab: Slab<Entry>,
     pub queues: [OrderQueue; 2],
@@ -172,6 +244,9 @@ pub(crate) struct PoolInner {
 }
 
 impl Pool {
+    /// A pool of `shards` shards (a power of two, 1 to `config::MAX_POOL_SHARDS`; the caller validated
+    /// it).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: PoolId,
         vm: VmId,
@@ -180,8 +255,11 @@ impl Pool {
         order: EvictionOrder,
         exclusive: bool,
         share: Arc<VmShare>,
+        shards: usize,
     ) -> Self {
         share.pools_alive.fetch_add(1, Ordering::Relaxed);
+        debug_assert!(shards.is_power_of_two() && shards <= crate::config::MAX_POOL_SHARDS as usize);
+        let shard_mask = shards - 1;
         Pool {
             id,
             vm,
@@ -189,21 +267,30 @@ impl Pool {
             exclusive_gets: exclusive,
             order,
             spec: AtomicSpec::new(spec),
-            inner: Mutex::new(PoolInner {
-                objects: Map::default(),
-                pages_hasher: Hasher::default(),
-                spare: SpareMaps::default(),
-                peak: 0,
-                slab: Slab::default(),
-                queues: [OrderQueue::new(0, order), OrderQueue::new(1, order)],
-                counters: Counters::default(),
-                next_version: 1,
-                dead: false,
-                remote: Map::default(),
-                pending_remote: 0,
-                released: Vec::new(),
-            }),
-            used: [AtomicU64::new(0), AtomicU64::new(0)],
+            shards: (0..shards)
+                .map(|shard| {
+                    CachePadded::new(Shard {
+                        inner: Mutex::new(PoolInner {
+                            shard,
+                            shard_mask,
+                            objects: Map::default(),
+                            pages_hasher: Hasher::default(),
+                            spare: SpareMaps::default(),
+                            peak: 0,
+                            slab: Slab::default(),
+                            queues: [OrderQueue::new(0, order), OrderQueue::new(1, order)],
+                            counters: Counters::default(),
+                            next_version: 1,
+                            dead: false,
+                            remote: Map::default(),
+                            pending_remote: 0,
+                            released: Vec::new(),
+                        }),
+                        used: [AtomicU64::new(0), AtomicU64::new(0)],
+                    })
+                })
+                .collect(),
+            shard_mask,
             dedup_domain: AtomicU64::new(0),
             share,
             destroyed: std::sync::atomic::AtomicBool::new(false),
@@ -211,8 +298,99 @@ impl Pool {
         }
     }
 
+    /// How many shards the pool has.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Locks the shard that holds `key`.
+    pub fn lock(&self, key: Key) -> MutexGuard<'_, PoolInner> {
+        self.shards[shard_of(key, self.shard_mask)].lock()
+    }
+
+    /// Locks shard `i`.
+    pub fn lock_shard(&self, i: usize) -> MutexGuard<'_, PoolInner> {
+        self.shards[i].lock()
+    }
+
+    /// Locks every shard, in increasing index (destroy, object flushes and migrations).
+    pub fn lock_all(&self) -> Vec<MutexGuard<'_, PoolInner>> {
+        self.shards.iter().map(|s| s.lock()).collect()
+    }
+
+    /// Locks the shards of `keys`, each once, in increasing index.
+    pub fn lock_keys(&self, keys: &[Key]) -> ShardGuards<'_> {
+        let mut at = vec![usize::MAX; self.shards.len()];
+        for k in keys {
+            at[shard_of(*k, self.shard_mask)] = 0;
+        }
+        let mut guards = Vec::with_capacity(keys.len().min(self.shards.len()));
+        for (i, slot) in at.iter_mut().enumerate() {
+            if *slot == 0 {
+                *slot = guards.len();
+                guards.push(self.shards[i].lock());
+            }
+        }
+        ShardGuards { at, guards, mask: self.shard_mask }
+    }
+
+    /// The pool's counters: the sum of its shards', each read under its lock in turn (so each part,
+    /// and hence the sum, satisfies the identity).
+    pub fn counters(&self) -> Counters {
+        let mut c = Counters::default();
+        for s in self.shards.iter() {
+            c.add(&s.lock().counters);
+        }
+        c
+    }
+
+    /// Seq of the oldest page of a tier over every shard (global mode compares pools by it).
+    pub fn oldest_seq(&self, store: StoreKind) -> Option<u64> {
+        self.shards.iter().filter_map(|s| s.lock().oldest_seq(store)).min()
+    }
+
+    /// Shares of a batch of `n` pages of `store` to take from each shard: from the fullest shards
+    /// first, until their sizes are level (water-filling over the lock-free mirrors), so a sharded pool
+    /// evicts about as a single queue would while no shard runs dry before the others. `(shard,
+    /// pages)` pairs with pages > 0, in increasing shard index; one shard: `[(0, n)]`.
+    pub fn quotas(&self, store: StoreKind, n: u64) -> Vec<(usize, u64)> {
+        if self.shards.len() == 1 {
+            return vec![(0, n)];
+        }
+        let used: Vec<u64> =
+            self.shards.iter().map(|s| s.used[store.idx()].load(Ordering::Relaxed)).collect();
+        let total: u64 = used.iter().sum();
+        if total <= n {
+            return used.iter().enumerate().filter(|(_, u)| **u > 0).map(|(i, u)| (i, *u)).collect();
+        }
+        // The highest level L whose excess sum(max(0, u - L)) is at least n.
+        let excess = |l: u64| -> u64 { used.iter().map(|u| u.saturating_sub(l)).sum() };
+        let (mut lo, mut hi) = (0u64, *used.iter().max().expect("at least one shard"));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if excess(mid) >= n {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        // Everything above L + 1, then one page each from shards at L + 1 until n is reached.
+        let mut q: Vec<u64> = used.iter().map(|u| u.saturating_sub(lo + 1)).collect();
+        let mut left = n - q.iter().sum::<u64>();
+        for (i, u) in used.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            if *u > lo {
+                q[i] += 1;
+                left -= 1;
+            }
+        }
+        q.into_iter().enumerate().filter(|(_, p)| *p > 0).collect()
+    }
+
     pub fn used(&self, s: StoreKind) -> u64 {
-        self.used[s.idx()].load(Ordering::Relaxed)
+        self.shards.iter().map(|sh| sh.used[s.idx()].load(Ordering::Relaxed)).sum()
     }
     /// The pool's entitlement in `s`: its VM's entitlement x its weight / the sum of the weights of the
     /// VM's pools there (SPEC section 3), as `policy::entitlement::compute` has it.
@@ -232,12 +410,13 @@ impl Pool {
         }
     }
 
-    /// Publishes the lock-free mirrors; call before releasing the lock after any change.
+    /// Publishes a shard's lock-free mirrors; call before releasing its lock after any change.
     pub fn publish(&self, inner: &PoolInner) {
+        let shard = &self.shards[inner.shard];
         for s in StoreKind::ALL {
-            self.used[s.idx()].store(inner.counters.store(s).used, Ordering::Relaxed);
+            shard.used[s.idx()].store(inner.counters.store(s).used, Ordering::Relaxed);
         }
-        // O(1) checks on every change; the full O(n) walk on small pools and on every 4096th change, so
+        // O(1) checks on every change; the full O(n) walk on small shards and on every 4096th change, so
         // that checking never makes a workload quadratic.
         for s in StoreKind::ALL {
             let c = inner.counters.store(s);
@@ -421,7 +600,7 @@ impl PoolInner {
         Some(e)
     }
 
-    /// Seq of the oldest page of a tier (global mode compares pools by it).
+    /// Seq of the oldest page of the shard in a tier.
     pub fn oldest_seq(&mut self, store: StoreKind) -> Option<u64> {
         self.queues[store.idx()].peek_oldest(&self.slab).map(|id| self.slab.get(id).seq)
     }
@@ -582,13 +761,18 @@ impl PoolInner {
         Some(r)
     }
 
-    /// Verifies the pool's invariants; panics with a description when one is broken.
+    /// Verifies the shard's invariants; panics with a description when one is broken.
     pub fn check(&self) {
         let mut per_store = [0u64; 2];
         let mut indexed = 0usize;
         for (object, pages) in &self.objects {
             assert!(!pages.is_empty(), "empty object map for {object}");
             for (index, slot) in pages.iter() {
+                assert_eq!(
+                    shard_of(Key::new(*object, index), self.shard_mask),
+                    self.shard,
+                    "key in the wrong shard"
+                );
                 let e = self.slab.get(slot.id);
                 assert_eq!(e.key, Key::new(*object, index), "index points at the wrong entry");
                 assert_eq!(e.loc, slot.loc, "index and entry disagree on the location");
@@ -696,6 +880,57 @@ mod tests {
         }
     }
 
+    fn pool(shards: usize) -> Pool {
+        let spec = Spec::Mem { weight: 1 };
+        Pool::new(
+            PoolId(1),
+            VmId(1),
+            PoolKind::Ephemeral,
+            spec,
+            EvictionOrder::Fifo,
+            true,
+            Arc::default(),
+            shards,
+        )
+    }
+
+    /// Eviction quotas level the shards: the fullest give first, the total is what was asked (or all
+    /// there is), and one shard takes the whole batch.
+    #[test]
+    fn quotas_take_from_the_fullest_shards_first() {
+        assert_eq!(pool(1).quotas(StoreKind::Mem, 7), vec![(0, 7)]);
+        let p = pool(4);
+        for (i, n) in [10u64, 4, 7, 0].into_iter().enumerate() {
+            p.shards[i].used[0].store(n, Ordering::Relaxed);
+        }
+        assert_eq!(p.quotas(StoreKind::Mem, 3), vec![(0, 3)]);
+        // 10 -> 6, 7 -> 6: levels 6 (one each from the shards at the level after that).
+        assert_eq!(p.quotas(StoreKind::Mem, 5), vec![(0, 4), (2, 1)]);
+        assert_eq!(p.quotas(StoreKind::Mem, 8), vec![(0, 6), (2, 2)]);
+        assert_eq!(p.quotas(StoreKind::Mem, 100), vec![(0, 10), (1, 4), (2, 7)]);
+        for n in 0..=21 {
+            let q = p.quotas(StoreKind::Mem, n);
+            assert_eq!(q.iter().map(|(_, k)| k).sum::<u64>(), n);
+            assert!(q.iter().all(|(i, k)| *k <= p.shards[*i].used[0].load(Ordering::Relaxed)));
+        }
+    }
+
+    /// Keys spread over the shards by extent: the pages of one 16-page extent share a shard, and a
+    /// run of extents uses every shard.
+    #[test]
+    fn keys_spread_over_shards_by_extent() {
+        assert_eq!(shard_of(Key::new(3, 99), 0), 0);
+        let mut seen = [0u32; 8];
+        for e in 0..256u64 {
+            let s = shard_of(Key::new(42, e << EXTENT_SHIFT), 7);
+            for i in 1..(1 << EXTENT_SHIFT) {
+                assert_eq!(shard_of(Key::new(42, (e << EXTENT_SHIFT) + i), 7), s);
+            }
+            seen[s] += 1;
+        }
+        assert!(seen.iter().all(|n| *n > 16), "{seen:?}");
+    }
+
     #[test]
     fn insert_replace_and_remove_keep_counters_exact() {
         let p = Pool::new(
@@ -706,8 +941,9 @@ mod tests {
             EvictionOrder::Fifo,
             true,
             Arc::default(),
+            1,
         );
-        let mut g = p.inner.lock();
+        let mut g = p.lock_shard(0);
         assert_eq!(g.insert(Key::new(1, 1), Loc::Mem(FrameId(0)), 1, Arrival::Put), None);
         assert_eq!(
             g.insert(Key::new(1, 1), Loc::Mem(FrameId(1)), 2, Arrival::Put),

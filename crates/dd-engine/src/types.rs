@@ -217,17 +217,38 @@ pub struct PoolOptions {
     /// Exclusive gets remove the page on a hit (cleancache semantics). Always true for ephemeral pools
     /// unless the operator asks for an inclusive second-chance cache; persistent pools keep pages on get.
     pub exclusive_gets: bool,
+    /// Shards of the pool's index and queues (`pool.rs`): a power of two up to 256, or 0 (the default)
+    /// for the engine's `pool_shards`. Not carried by the wire protocol (a daemon's pools take its
+    /// configuration's count).
+    #[serde(default)]
+    pub shards: u32,
 }
 
 impl PoolOptions {
     pub fn ephemeral(spec: Spec) -> Self {
-        PoolOptions { kind: PoolKind::Ephemeral, spec, order: EvictionOrder::Fifo, exclusive_gets: true }
+        PoolOptions {
+            kind: PoolKind::Ephemeral,
+            spec,
+            order: EvictionOrder::Fifo,
+            exclusive_gets: true,
+            shards: 0,
+        }
     }
     pub fn persistent(spec: Spec) -> Self {
-        PoolOptions { kind: PoolKind::Persistent, spec, order: EvictionOrder::Fifo, exclusive_gets: false }
+        PoolOptions {
+            kind: PoolKind::Persistent,
+            spec,
+            order: EvictionOrder::Fifo,
+            exclusive_gets: false,
+            shards: 0,
+        }
     }
     pub fn with_order(mut self, order: EvictionOrder) -> Self {
         self.order = order;
+        self
+    }
+    pub fn with_shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
         self
     }
 }

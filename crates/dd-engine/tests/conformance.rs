@@ -1,7 +1,8 @@
 //! One conformance suite, run against every store configuration: memory, SSD and hybrid (SPEC
 //! section 4: "One conformance test suite runs against every store").
 //!
-//! Each case takes a fresh cache from a [`Flavor`] and checks one rule of SPEC section 2.
+//! Each case takes a fresh cache from a [`Flavor`] and checks one rule of SPEC section 2, with pools of
+//! one shard and of several (issue 28: a sharded pool keeps every rule).
 
 mod common;
 
@@ -52,10 +53,12 @@ struct Fixture {
     _dir: tempfile::TempDir,
     cache: Cache,
     flavor: Flavor,
+    /// Shards of the fixture's pools.
+    shards: u32,
 }
 
 impl Fixture {
-    fn new(flavor: Flavor, mem_pages: u64, ssd_pages: u64) -> Self {
+    fn new(flavor: Flavor, mem_pages: u64, ssd_pages: u64, shards: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let cache = if flavor.compressed() {
             small_compressed_cache(dir.path(), mem_pages, ssd_pages, 4, flavor.dedup())
@@ -66,20 +69,22 @@ impl Fixture {
         };
         cache.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
         cache.add_vm(VmId(2), VmWeights::equal(1)).unwrap();
-        Fixture { _dir: dir, cache, flavor }
+        Fixture { _dir: dir, cache, flavor, shards }
     }
     fn pool(&self, vm: u32, kind: PoolKind) -> dd_engine::PoolId {
         let opts = match kind {
             PoolKind::Ephemeral => PoolOptions::ephemeral(self.flavor.spec()),
             PoolKind::Persistent => PoolOptions::persistent(self.flavor.spec()),
         };
-        self.cache.new_pool(VmId(vm), opts).unwrap()
+        self.cache.new_pool(VmId(vm), opts.with_shards(self.shards)).unwrap()
     }
 }
 
 fn each(f: impl Fn(Fixture)) {
     for flavor in Flavor::ALL {
-        f(Fixture::new(flavor, 64, 128));
+        for shards in [1, 4] {
+            f(Fixture::new(flavor, 64, 128, shards));
+        }
     }
 }
 
@@ -292,8 +297,8 @@ fn persistent_pages_are_never_evicted_and_gets_keep_them() {
 
 #[test]
 fn persistent_put_that_does_not_fit_is_refused_not_dropped() {
-    for flavor in Flavor::ALL {
-        let f = Fixture::new(flavor, 16, 16);
+    for (flavor, shards) in Flavor::ALL.into_iter().flat_map(|f| [(f, 1), (f, 4)]) {
+        let f = Fixture::new(flavor, 16, 16, shards);
         let per = f.pool(1, PoolKind::Persistent);
         let mut refused = 0;
         let mut stored = Vec::new();
@@ -356,7 +361,8 @@ fn batched_get_each_hands_over_hits_in_order() {
     each(|f| {
         // Non-exclusive (memcached's semantics: the daemon's bench pool) and exclusive pools.
         for exclusive_gets in [false, true] {
-            let opts = PoolOptions { exclusive_gets, ..PoolOptions::ephemeral(f.flavor.spec()) };
+            let opts = PoolOptions { exclusive_gets, ..PoolOptions::ephemeral(f.flavor.spec()) }
+                .with_shards(f.shards);
             let p = f.cache.new_pool(VmId(1), opts).unwrap();
             let keys: Vec<Key> = (0..8).map(|i| Key::new(5, i)).collect();
             let pages: Vec<Vec<u8>> = keys.iter().map(|k| page(p, *k, 7)).collect();

@@ -120,3 +120,66 @@ fn long_seeded_run_over_a_failing_disk_agrees_with_the_model() {
     eprintln!("failing-disk run: {io:?} totals {:?}", h.cache.host_stats().totals);
     assert!(io.read_errors > 10 && io.write_errors > 10, "the run injected too few faults: {io:?}");
 }
+
+/// The long run with every pool in several shards (issue 28): 2, 4 and 8 shards, each the same checks
+/// (the model's gets, the identity after every operation, the full invariant check, which verifies
+/// every key is in its own shard).
+#[test]
+fn long_seeded_run_with_sharded_pools_agrees_with_the_model() {
+    for shards in [2u32, 4, 8] {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5A_4D00 + shards as u64);
+        let mut h = Harness::sharded(17 + shards as u64, shards);
+        for _ in 0..60_000 {
+            h.apply(&gen_op(&mut rng));
+        }
+        h.cache.check_invariants().unwrap();
+        h.check_persistent_counts();
+        let t = h.cache.host_stats().totals;
+        eprintln!("{shards} shards: {t:?}");
+        assert!(t.mem.gets_hit > 500 && t.ssd.gets_hit > 500, "{t:?}");
+        assert!(t.mem.evictions > 50 && t.ssd.evictions > 50, "{t:?}");
+        assert!(t.demotions > 50 && t.promotions > 5 && t.migrations_in > 50, "{t:?}");
+    }
+}
+
+/// The failing-disk run with sharded pools.
+#[test]
+fn long_seeded_run_over_a_failing_disk_with_sharded_pools_agrees_with_the_model() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xFA17_ED5A);
+    let mut h = Harness::sharded_with_faults(19, 4);
+    for _ in 0..30_000 {
+        let op = match rng.gen_range(0..100) {
+            0 => Op::Fault {
+                op: rng.gen(),
+                after: rng.gen_range(0..40),
+                kind: rng.gen(),
+                times: rng.gen_range(1..20),
+            },
+            1 => Op::Heal,
+            _ => gen_op(&mut rng),
+        };
+        h.apply(&op);
+    }
+    h.cache.quiesce();
+    h.cache.check_invariants().unwrap();
+    h.check_persistent_counts();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random sequences over pools of 2, 4 or 8 shards.
+    #[test]
+    fn random_sequences_over_sharded_pools_agree_with_the_model(
+        seed in any::<u64>(),
+        shards_log in 1u32..4,
+        ops in prop::collection::vec(op_strategy(), 1..1500),
+    ) {
+        let mut h = Harness::sharded(seed, 1 << shards_log);
+        for op in &ops {
+            h.apply(op);
+        }
+        h.cache.check_invariants().unwrap();
+        h.check_persistent_counts();
+    }
+}

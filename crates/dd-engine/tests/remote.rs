@@ -37,6 +37,8 @@ fn cache(frames: u64) -> Cache {
         maintenance: Maintenance::Inline,
         eviction_batch_bytes: PS as u64,
         mem: MemStoreConfig { capacity_bytes: frames * PS as u64, dedup: true, ..Default::default() },
+        // The tests name which page a FIFO evicts next: one queue per pool (not the host's shards).
+        pool_shards: 1,
         ..Default::default()
     };
     let c = Cache::new(cfg).unwrap();

@@ -296,7 +296,7 @@ impl<'a> Request<'a> {
                     _ => return Err(r.err("exclusive_gets must be 0 or 1")),
                 };
                 let spec = r.spec()?;
-                Request::CreatePool(PoolOptions { kind, spec, order, exclusive_gets })
+                Request::CreatePool(PoolOptions { kind, spec, order, exclusive_gets, shards: 0 })
             }
             Op::DestroyPool => Request::DestroyPool { pool: r.pool()? },
             Op::SetSpec => Request::SetSpec { pool: r.pool()?, spec: r.spec()? },

@@ -17,6 +17,9 @@ pub enum BenchCommand {
     /// Miss-ratio curves: references per CPU second of exact, SHARDS and miniature simulation on one
     /// oracle-general trace (a synthetic 10-million-reference one unless `--trace` is given).
     Mrc(MrcArgs),
+    /// A sharded pool's miss ratio against a single queue's (FIFO and LRU, several sizes and shard
+    /// counts) on a seeded synthetic oracle-general trace, replayed through the engine.
+    Shards(ShardsArgs),
     /// The daemon over TCP loopback against memcached: same load generator, connections, pipeline
     /// depth, batch size, 4 KiB values, key distribution and get/put mix.
     Server(ServerArgs),
@@ -78,6 +81,13 @@ pub struct ServerArgs {
     /// row per count, each server started afresh for each (e.g. `1,4,16,64`).
     #[arg(long, value_delimiter = ',', default_value = "4")]
     connections: Vec<usize>,
+    /// Spread the connections over this many VMs, each with its own pool (connection c on VM c mod
+    /// vms); each connection count must be a multiple of vms x pools.
+    #[arg(long, default_value_t = 1)]
+    vms: usize,
+    /// Spread the connections over this many pools of each VM.
+    #[arg(long, default_value_t = 1)]
+    pools: usize,
     /// Requests in flight per connection (pipeline depth).
     #[arg(long, default_value_t = 4)]
     depth: usize,
@@ -154,6 +164,34 @@ pub struct MrcArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ShardsArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Synthetic trace: references.
+    #[arg(long, default_value_t = 2_000_000)]
+    requests: u64,
+    /// Synthetic trace: distinct objects (zipf ranks).
+    #[arg(long, default_value_t = 200_000)]
+    keys: u64,
+    /// Synthetic trace: the zipf exponent.
+    #[arg(long, default_value_t = 0.9)]
+    zipf: f64,
+    /// Cache sizes as fractions of the objects.
+    #[arg(long, value_delimiter = ',', default_value = "0.01,0.05,0.2")]
+    sizes: Vec<f64>,
+    /// Shard counts compared with one.
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    shards: Vec<u32>,
+    /// Pages evicted at once when the pool is full.
+    #[arg(long, default_value_t = 16)]
+    batch_pages: u64,
+    /// Seed of the synthetic trace.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
 pub struct DedupArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -183,9 +221,17 @@ pub struct StoreArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Concurrent threads, each one container with its own pool.
+    /// Concurrent threads, each one container with its own pool (or all on one, `--shared-pool`).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Every thread on one pool (a database's vCPUs on one container's pool); the report adds memcpy's
+    /// scaling and the put and get-hit scalings as fractions of it.
+    #[arg(long)]
+    shared_pool: bool,
+    /// Shards of the pools (a power of two up to 256; 0: the engine's default, from the cores; 1: one
+    /// lock per pool).
+    #[arg(long, default_value_t = 0)]
+    pool_shards: u32,
     /// Pages each thread puts and gets per round.
     #[arg(long, default_value_t = 65_536)]
     working_set_pages: u64,
@@ -238,6 +284,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 working_set_pages: a.working_set_pages,
                 duration_secs: a.seconds,
                 seed: a.seed,
+                shared_pool: a.shared_pool,
+                pool_shards: a.pool_shards,
                 ..Default::default()
             };
             let r = dd_bench::store::run(&opts, &mut |msg| errln!("bench store: {msg}"))
@@ -262,8 +310,21 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     "put against memcpy into cold pages  {:.2}  (not a target: the copy a put cannot avoid)",
                     r.put_vs_memcpy_cold
                 );
-                if let (Some(p), Some(g)) = (r.put_scaling, r.get_hit_scaling) {
-                    outln!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x");
+                if let (Some(p), Some(g), Some(m)) = (r.put_scaling, r.get_hit_scaling, r.memcpy_scaling) {
+                    outln!("scaling vs 1 thread    put {p:.2}x, get-hit {g:.2}x, memcpy {m:.2}x");
+                    outln!("  as fractions of memcpy's: put {:.2}, get-hit {:.2}", p / m, g / m);
+                }
+                if r.shared_pool {
+                    outln!("one shared pool of     {:>14} shards", r.pool_shards);
+                }
+                for l in r.lock_profile.iter().flatten() {
+                    outln!(
+                        "lock {:<16} {:>12} acquisitions, {:>10} contended, waits {:.4} of thread time",
+                        l.stat.lock,
+                        l.stat.acquisitions,
+                        l.stat.contended,
+                        l.wait_share
+                    );
                 }
                 outln!("stats identity holds   {:>14}", r.identity_holds);
             }
@@ -273,6 +334,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Tenants(a) => crate::bench_tenants::run(a)?,
         BenchCommand::Lab(a) => lab(a)?,
         BenchCommand::Mrc(a) => mrc(a)?,
+        BenchCommand::Shards(a) => shards(a)?,
         BenchCommand::Dedup(a) => {
             let opts = dd_bench::dedup::DedupBenchOptions {
                 working_set_pages: a.working_set_pages,
@@ -377,6 +439,8 @@ fn server(a: ServerArgs) -> Result<()> {
         against_memcached: a.against == Against::Memcached,
         memcached: a.memcached,
         connections: a.connections,
+        vms: a.vms,
+        pools: a.pools,
         depth: a.depth,
         batch: a.batch,
         get_ratio: a.get_ratio,
@@ -534,6 +598,38 @@ fn lab(a: LabArgs) -> Result<()> {
         outln!("engine gets / puts     {:>14} / {}", r.engine_gets, r.engine_puts);
         outln!("verified hits          {:>14}", r.verified_hits);
     }
+    Ok(())
+}
+
+fn shards(a: ShardsArgs) -> Result<()> {
+    let opts = dd_bench::shards::ShardsBenchOptions {
+        requests: a.requests,
+        keys: a.keys,
+        zipf: a.zipf,
+        sizes: a.sizes,
+        shards: a.shards,
+        batch_pages: a.batch_pages,
+        seed: a.seed,
+    };
+    let r = dd_bench::shards::run(&opts, &mut |msg| errln!("bench shards: {msg}"))
+        .context("bench shards failed")?;
+    if a.json {
+        outln!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    outln!("order  size    pages  shards  miss ratio  vs 1 shard");
+    for row in &r.rows {
+        outln!(
+            "{:<6} {:<6} {:>7} {:>7} {:>11.4} {:>+11.4}",
+            row.order,
+            row.size_fraction,
+            row.cache_pages,
+            row.shards,
+            row.miss_ratio,
+            row.miss_ratio_diff
+        );
+    }
+    outln!("largest difference {:.4}", r.max_abs_diff);
     Ok(())
 }
 

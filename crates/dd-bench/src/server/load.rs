@@ -77,6 +77,10 @@ pub struct ConnResult {
 pub struct LoadSpec {
     pub conn: usize,
     pub connections: usize,
+    /// Connections are spread over this many targets (pools; connection `c` uses target `c % groups`),
+    /// each holding the keys `k` with `k % groups` equal to its number: `dist` is over `keys / groups`
+    /// and a sampled `s` is the key `s * groups + target`. 1: every connection on every key.
+    pub groups: usize,
     pub depth: usize,
     pub batch: usize,
     pub get_ratio: f64,
@@ -138,6 +142,10 @@ pub fn drive<B: Backend>(
             while q.len() < spec.depth {
                 let is_get = rng.gen_bool(spec.get_ratio);
                 spec.dist.sample_distinct(&mut rng, spec.batch, &mut keys);
+                if spec.groups > 1 {
+                    let target = (spec.conn % spec.groups) as u64;
+                    keys.iter_mut().for_each(|k| *k = *k * spec.groups as u64 + target);
+                }
                 if is_get {
                     b.send_get(&keys)?;
                 } else {

@@ -94,6 +94,10 @@ pub struct ServerBenchOptions {
     pub memcached: PathBuf,
     /// Client connections, one thread each; several counts are a sweep, one row each. Default [4].
     pub connections: Vec<usize>,
+    /// The connections spread over this many VMs, each with its own pool (issue 28). Default 1.
+    pub vms: usize,
+    /// The connections spread over this many pools of each VM (issue 28). Default 1.
+    pub pools: usize,
     /// Requests in flight per connection. Default 4.
     pub depth: usize,
     /// Keys per request (multi-get / put batch). Default 16.
@@ -121,6 +125,8 @@ impl Default for ServerBenchOptions {
             against_memcached: true,
             memcached: PathBuf::from("memcached"),
             connections: vec![4],
+            vms: 1,
+            pools: 1,
             depth: 4,
             batch: 16,
             get_ratio: 0.9,
@@ -176,6 +182,10 @@ pub struct ServerResult {
 pub struct ServerBenchParams {
     /// The connection counts, one row each.
     pub connections: Vec<usize>,
+    /// VMs the connections were spread over, each with `pools` pools (connection `c` on target
+    /// `c % (vms x pools)`, which holds the keys `k` with `k % (vms x pools)` its number).
+    pub vms: usize,
+    pub pools: usize,
     pub pipeline_depth: usize,
     pub batch_keys: usize,
     pub value_size_bytes: usize,
@@ -334,6 +344,12 @@ fn validate(o: &ServerBenchOptions) -> Result<()> {
     if o.connections.is_empty() || o.connections.contains(&0) {
         return bad("connections", "each count must be at least 1");
     }
+    if o.vms == 0 || o.pools == 0 {
+        return bad("vms", "vms and pools must each be at least 1");
+    }
+    if o.connections.iter().any(|c| c % (o.vms * o.pools) != 0) {
+        return bad("connections", "each count must be a multiple of vms x pools (every target as loaded)");
+    }
     if o.depth == 0 {
         return bad("depth", "must be at least 1");
     }
@@ -366,14 +382,16 @@ pub fn run(o: &ServerBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ser
     let mc_version = if o.against_memcached { Some(memcached_version(&o.memcached)?) } else { None };
     let mut rows = Vec::with_capacity(o.connections.len());
     for &connections in &o.connections {
+        let groups = o.vms * o.pools;
         let spec = LoadSpec {
             conn: 0,
             connections,
+            groups,
             depth: o.depth,
             batch: o.batch,
             get_ratio: o.get_ratio,
             keys: o.keys,
-            dist: KeyDist::new(o.keys, o.zipf_theta),
+            dist: KeyDist::new(o.keys / groups as u64, o.zipf_theta),
             warmup: Duration::from_secs_f64(o.warmup_secs),
             measure: Duration::from_secs_f64(o.seconds),
             seed: o.seed,
@@ -384,6 +402,8 @@ pub fn run(o: &ServerBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ser
     Ok(ServerBenchReport {
         parameters: ServerBenchParams {
             connections: o.connections.clone(),
+            vms: o.vms,
+            pools: o.pools,
             pipeline_depth: o.depth,
             batch_keys: o.batch,
             value_size_bytes: VALUE_SIZE,
@@ -420,18 +440,18 @@ fn run_row(
         "doubledecker: {dd_mib} MiB memory store, {} keys, {} connections, {} s",
         o.keys, spec.connections, o.seconds
     ));
-    let vm = BenchVm::new(1);
+    let vms: Vec<BenchVm> = (1..=o.vms as u32).map(BenchVm::new).collect();
     let certs_dir = tempfile::tempdir()?;
     let ours = match o.tls {
         true => {
             let certs = crate::certs::make_certs(certs_dir.path())?;
-            run_ours(o, spec, dd_mib, &vm, Some(&certs))?
+            run_ours(o, spec, dd_mib, &vms, Some(&certs))?
         }
-        false => run_ours(o, spec, dd_mib, &vm, None)?,
+        false => run_ours(o, spec, dd_mib, &vms, None)?,
     };
     let plain = if o.tls {
         progress(&format!("doubledecker without TLS: the same load, {} connections", spec.connections));
-        Some(run_ours(o, spec, dd_mib, &vm, None)?)
+        Some(run_ours(o, spec, dd_mib, &vms, None)?)
     } else {
         None
     };
@@ -464,21 +484,23 @@ fn run_row(
     })
 }
 
-/// Our daemon, started afresh, under `spec`'s load (with TLS on its data plane when `certs` is given).
+/// Our daemon, started afresh, under `spec`'s load spread over `o.pools` pools of each of `vms` (with
+/// TLS on its data plane when `certs` is given).
 fn run_ours(
     o: &ServerBenchOptions,
     spec: &LoadSpec,
     dd_mib: u64,
-    vm: &BenchVm,
+    vms: &[BenchVm],
     certs: Option<&crate::certs::Certs>,
 ) -> Result<ServerResult> {
     let daemon = Daemon::start(&DaemonOptions {
         exe: o.exe.clone(),
         mem_capacity_bytes: dd_mib << 20,
         ssd_capacity_bytes: 0,
-        vms: vec![vm.clone()],
-        // The load's connections and the one that created the pool are one VM's: above the default 64
-        // per VM a sweep's largest count would be answered `busy` (memcached is started with `-c 1024`).
+        vms: vms.to_vec(),
+        // With one VM the load's connections and the one that created the pool are one VM's: above the
+        // default 64 per VM a sweep's largest count would be answered `busy` (memcached is started with
+        // `-c 1024`).
         extra_toml: format!(
             "[limits]\nmax_connections_per_vm = {}\n{}",
             (spec.connections + 1).max(64),
@@ -486,18 +508,31 @@ fn run_ours(
         ),
     })?;
     let tls = certs.map(|c| dd_client::TlsClient { ca_file: c.ca.clone(), server_name: None });
-    let mut admin = match &tls {
-        Some(t) => dd_client::Client::connect_tls(&daemon.tcp.to_string(), t, vm.id, &vm.data_token)?,
-        None => dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?,
-    };
-    let pool = admin.create_cgroup(PoolOptions {
-        kind: PoolKind::Ephemeral,
-        spec: Spec::Mem { weight: 100 },
-        order: EvictionOrder::default(),
-        exclusive_gets: false,
-    })?;
+    // Target t (= connection mod targets) is pool t / vms of VM t % vms.
+    let mut targets = vec![None; vms.len() * o.pools];
+    for (v, vm) in vms.iter().enumerate() {
+        let mut admin = match &tls {
+            Some(t) => dd_client::Client::connect_tls(&daemon.tcp.to_string(), t, vm.id, &vm.data_token)?,
+            None => dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?,
+        };
+        for p in 0..o.pools {
+            let pool = admin.create_cgroup(PoolOptions {
+                kind: PoolKind::Ephemeral,
+                spec: Spec::Mem { weight: 100 },
+                order: EvictionOrder::default(),
+                exclusive_gets: false,
+                shards: 0,
+            })?;
+            targets[p * vms.len() + v] = Some((vm, pool));
+        }
+    }
+    let targets: Vec<(&BenchVm, dd_engine::PoolId)> =
+        targets.into_iter().map(|t| t.expect("every target made")).collect();
     let name = if tls.is_some() { "doubledecker+tls" } else { "doubledecker" };
-    let r = run_load(name, spec, daemon.pid, |_| DdConn::connect(daemon.tcp, tls.as_ref(), vm, pool))?;
+    let r = run_load(name, spec, daemon.pid, |c| {
+        let (vm, pool) = targets[c % targets.len()];
+        DdConn::connect(daemon.tcp, tls.as_ref(), vm, pool)
+    })?;
     let mut d = daemon;
     d.stop(Duration::from_secs(10))?;
     Ok(r)

@@ -198,6 +198,8 @@ impl Cache {
     /// the host holds `max_pools`. Costs O(number of VMs), whatever the other VMs' pools.
     pub fn new_pool(&self, vm: VmId, opts: PoolOptions) -> Result<PoolId, CacheError> {
         check_spec(&opts.spec)?;
+        crate::config::check_shards("shards", opts.shards)?;
+        let shards = if opts.shards == 0 { self.shared.pool_shards } else { opts.shards } as usize;
         let mut tree = self.shared.tree.write();
         let host_full = tree.pool_count >= self.shared.max_pools;
         let node = tree.vms.get_mut(&vm).ok_or(CacheError::UnknownVm(vm))?;
@@ -213,8 +215,16 @@ impl Cache {
             PoolKind::Ephemeral => opts.exclusive_gets,
             PoolKind::Persistent => false,
         };
-        let pool =
-            Arc::new(Pool::new(id, vm, opts.kind, opts.spec, opts.order, exclusive, node.share.clone()));
+        let pool = Arc::new(Pool::new(
+            id,
+            vm,
+            opts.kind,
+            opts.spec,
+            opts.order,
+            exclusive,
+            node.share.clone(),
+            shards,
+        ));
         pool.dedup_domain.store(dedup_domain(vm, node.dedup_group), Ordering::Relaxed);
         node.add_weights(&opts.spec, 1);
         node.pools.insert(id, pool.clone());
@@ -349,14 +359,19 @@ impl Shared {
         }
         p.destroyed.store(true, Ordering::Release);
         let (locs, counters) = {
-            let mut g = p.inner.lock();
-            g.dead = true;
-            let ids = g.all_ids();
-            let locs: Vec<Loc> = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
-            g.drop_all_remote();
-            g.release_memory();
-            p.publish(&g);
-            (locs, g.counters)
+            let mut gs = p.lock_all();
+            let mut locs: Vec<Loc> = Vec::new();
+            let mut counters = Counters::default();
+            for g in gs.iter_mut() {
+                g.dead = true;
+                let ids = g.all_ids();
+                locs.extend(ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc));
+                g.drop_all_remote();
+                g.release_memory();
+                p.publish(g);
+                counters.add(&g.counters);
+            }
+            (locs, counters)
         };
         self.release_remote(p);
         self.free_locs(&locs);

@@ -32,7 +32,7 @@ impl Cache {
     /// (put, flushed, pool gone): the caller must release the pin.
     pub fn install_remote(&self, vm: VmId, pool: PoolId, key: Key, token: u64, r: RemoteRef) -> bool {
         let Ok(p) = self.shared.pool(vm, pool) else { return false };
-        let mut g = p.inner.lock();
+        let mut g = p.lock(key);
         if g.dead {
             return false;
         }
@@ -42,7 +42,7 @@ impl Cache {
     /// Drops the pending record of an offered page that no peer took.
     pub fn abandon_remote(&self, vm: VmId, pool: PoolId, key: Key, token: u64) {
         if let Ok(p) = self.shared.pool(vm, pool) {
-            p.inner.lock().abandon_remote(key, token);
+            p.lock(key).abandon_remote(key, token);
         }
     }
 
@@ -73,7 +73,7 @@ impl Cache {
         key: Key,
     ) -> Result<Option<(RemoteRef, bool)>, CacheError> {
         let p = self.shared.pool(vm, pool)?;
-        let mut g = p.inner.lock();
+        let mut g = p.lock(key);
         Ok(g.take_remote(key, p.exclusive_gets).map(|r| (r, p.exclusive_gets)))
     }
 
@@ -88,19 +88,30 @@ impl Cache {
             .iter()
             .flat_map(|shard| shard.read().values().cloned().collect::<Vec<_>>())
             .collect();
-        pools.iter().map(|p| p.inner.lock().drop_dead_remote(dead)).sum()
+        pools
+            .iter()
+            .flat_map(|p| (0..p.shard_count()).map(move |i| (p, i)))
+            .map(|(p, i)| p.lock_shard(i).drop_dead_remote(dead))
+            .sum()
     }
 
     /// Counts the result of fetching a remotified page for a pool's statistics. A hit turns the get's
     /// local miss into a hit: `gets_missed` counts only gets that found the page nowhere.
     pub fn record_remote_get(&self, vm: VmId, pool: PoolId, hit: bool) {
         if let Ok(p) = self.shared.pool(vm, pool) {
-            let mut g = p.inner.lock();
-            if hit {
-                g.counters.remote_gets_hit += 1;
-                g.counters.gets_missed = g.counters.gets_missed.saturating_sub(1);
-            } else {
-                g.counters.remote_gets_missed += 1;
+            if !hit {
+                p.lock_shard(0).counters.remote_gets_missed += 1;
+                return;
+            }
+            // The local miss was counted in the key's shard, which this call does not know: take it back
+            // from the first shard that counted one (the pool's sum is what statistics show).
+            for i in 0..p.shard_count() {
+                let mut g = p.lock_shard(i);
+                if g.counters.gets_missed > 0 || i + 1 == p.shard_count() {
+                    g.counters.remote_gets_hit += 1;
+                    g.counters.gets_missed = g.counters.gets_missed.saturating_sub(1);
+                    return;
+                }
             }
         }
     }
@@ -188,18 +199,28 @@ impl Shared {
         if freed > 0 {
             self.stores[0].release(freed);
         }
-        if !not_offered.is_empty() {
-            let mut g = p.inner.lock();
-            for (key, token) in not_offered {
-                g.abandon_remote(key, token);
+        for (key, token) in not_offered {
+            p.lock(key).abandon_remote(key, token);
+        }
+    }
+
+    /// Hands the remote records a pool operation removed to the sink (call after unlocking the pool):
+    /// every shard's.
+    pub(super) fn release_remote(&self, p: &Pool) {
+        let Some(sink) = self.sink.get() else { return };
+        for i in 0..p.shard_count() {
+            let released = std::mem::take(&mut p.lock_shard(i).released);
+            for r in released {
+                sink.release(r);
             }
         }
     }
 
-    /// Hands the remote records a pool operation removed to the sink (call after unlocking the pool).
-    pub(super) fn release_remote(&self, p: &Pool) {
+    /// [`Self::release_remote`] after an operation on one key: only the key's shard can hold records
+    /// it removed.
+    pub(super) fn release_remote_of(&self, p: &Pool, key: Key) {
         let Some(sink) = self.sink.get() else { return };
-        let released = std::mem::take(&mut p.inner.lock().released);
+        let released = std::mem::take(&mut p.lock(key).released);
         for r in released {
             sink.release(r);
         }

@@ -3,9 +3,9 @@
 //!
 //! A put first places the bytes (memory: shared with an equal page, in half a frame, or in a frame of its
 //! own; SSD: a fresh slot), reserving room in the store and evicting if it is full (`evict`), and only
-//! then indexes the page under the pool lock; a refused put still invalidates the older copy of its key.
-//! A get takes an exclusive pool's page out of the index under the lock and copies it outside; a
-//! non-exclusive get copies memory pages under the lock and reads SSD pages outside it, validating the
+//! then indexes the page under the lock of the key's pool shard; a refused put still invalidates the older
+//! copy of its key. A get takes an exclusive pool's page out of the index under the lock and copies it
+//! outside; a non-exclusive get copies memory pages under the lock and reads SSD pages outside it, validating the
 //! entry's version afterwards (a get may miss, never return stale bytes). Locations taken out of the
 //! index are freed with no pool lock held.
 
@@ -88,12 +88,12 @@ impl Cache {
     pub fn flush_page(&self, vm: VmId, pool: PoolId, key: Key) -> Result<bool, CacheError> {
         let p = self.shared.pool(vm, pool)?;
         let loc = {
-            let mut g = p.inner.lock();
+            let mut g = p.lock(key);
             let loc = g.take(key, Departure::Flush, |_| {});
             p.publish(&g);
             loc
         };
-        self.shared.release_remote(&p);
+        self.shared.release_remote_of(&p, key);
         if let Some(l) = loc {
             self.shared.free_locs(&[l]);
         }
@@ -103,12 +103,17 @@ impl Cache {
     /// Invalidates every page of an object (a file). Returns how many pages were dropped.
     pub fn flush_object(&self, vm: VmId, pool: PoolId, object: u64) -> Result<u64, CacheError> {
         let p = self.shared.pool(vm, pool)?;
+        // An object's pages spread over the shards (by extent): every shard, all locked together so
+        // the flush is one step for concurrent readers.
         let locs: Vec<Loc> = {
-            let mut g = p.inner.lock();
-            let ids = g.object_ids(object);
-            let locs = ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc).collect();
-            g.drop_remote_object(object);
-            p.publish(&g);
+            let mut gs = p.lock_all();
+            let mut locs = Vec::new();
+            for g in gs.iter_mut() {
+                let ids = g.object_ids(object);
+                locs.extend(ids.into_iter().map(|id| g.remove(id, Departure::Flush).loc));
+                g.drop_remote_object(object);
+                p.publish(g);
+            }
             locs
         };
         self.shared.release_remote(&p);
@@ -128,37 +133,47 @@ impl Cache {
         if a.kind != b.kind {
             return Err(CacheError::PoolKindMismatch(from, to));
         }
-        // Lock order: increasing pool id.
+        // Lock order: increasing pool id, every shard of each in increasing index (the object's pages
+        // spread over the shards, and the two pools may have different shard counts).
         let (mut ga, mut gb) = if from < to {
-            let ga = a.inner.lock();
-            (ga, b.inner.lock())
+            let ga = a.lock_all();
+            (ga, b.lock_all())
         } else {
-            let gb = b.inner.lock();
-            (a.inner.lock(), gb)
+            let gb = b.lock_all();
+            (a.lock_all(), gb)
         };
-        if ga.dead || gb.dead {
-            return Err(CacheError::UnknownPool(if ga.dead { from } else { to }));
+        if ga[0].dead || gb[0].dead {
+            return Err(CacheError::UnknownPool(if ga[0].dead { from } else { to }));
         }
         // The object now belongs to the target: its pages there are exactly the source's. Older pages the
         // target held for the object are flushed first, so a page the source had already lost cannot be
         // "revived" from the target's older copy.
-        let mut replaced: Vec<Loc> =
-            gb.object_ids(object).into_iter().map(|id| gb.remove(id, Departure::Flush).loc).collect();
-        // Remotified pages do not move: the target's are stale, the source's become misses.
-        gb.drop_remote_object(object);
-        ga.drop_remote_object(object);
-        let ids = ga.object_ids(object);
-        let moved = ids.len() as u64;
-        for id in ids {
-            let e = ga.remove(id, Departure::Moved);
-            ga.counters.migrations_out += 1;
-            if let Some(old) = gb.insert(e.key, e.loc, e.seq, Arrival::Moved) {
-                replaced.push(old);
-            }
-            gb.counters.migrations_in += 1;
+        let mut replaced: Vec<Loc> = Vec::new();
+        for g in gb.iter_mut() {
+            replaced.extend(g.object_ids(object).into_iter().map(|id| g.remove(id, Departure::Flush).loc));
+            // Remotified pages do not move: the target's are stale, the source's become misses.
+            g.drop_remote_object(object);
         }
-        a.publish(&ga);
-        b.publish(&gb);
+        let mut moved = 0u64;
+        for g in ga.iter_mut() {
+            g.drop_remote_object(object);
+            for id in g.object_ids(object) {
+                let e = g.remove(id, Departure::Moved);
+                g.counters.migrations_out += 1;
+                let t = &mut gb[crate::pool::shard_of(e.key, b.shard_count() - 1)];
+                if let Some(old) = t.insert(e.key, e.loc, e.seq, Arrival::Moved) {
+                    replaced.push(old);
+                }
+                t.counters.migrations_in += 1;
+                moved += 1;
+            }
+        }
+        for g in &ga {
+            a.publish(g);
+        }
+        for g in &gb {
+            b.publish(g);
+        }
         drop(ga);
         drop(gb);
         self.shared.release_remote(&a);
@@ -384,7 +399,7 @@ impl Shared {
     ) -> Result<PutOutcome, CacheError> {
         let seq = self.next_seq();
         let replaced = {
-            let mut g = p.inner.lock();
+            let mut g = p.lock(key);
             if g.dead {
                 drop(g);
                 self.free_locs(&[loc]);
@@ -394,7 +409,7 @@ impl Shared {
             p.publish(&g);
             r
         };
-        self.release_remote(p);
+        self.release_remote_of(p, key);
         if let Some(old) = replaced {
             self.free_locs(&[old]);
         }
@@ -408,13 +423,13 @@ impl Shared {
     /// cache must never return the old one.
     fn refuse(&self, p: &Pool, key: Key) -> PutOutcome {
         let loc = {
-            let mut g = p.inner.lock();
+            let mut g = p.lock(key);
             g.counters.puts_refused += 1;
             let loc = g.take(key, Departure::Flush, |_| {});
             p.publish(&g);
             loc
         };
-        self.release_remote(p);
+        self.release_remote_of(p, key);
         if let Some(l) = loc {
             self.free_locs(&[l]);
         }
@@ -437,7 +452,7 @@ impl Shared {
     fn get_in(&self, p: &Arc<Pool>, key: Key, out: &mut [u8]) -> Option<StoreKind> {
         if p.exclusive_gets {
             let taken = {
-                let mut g = p.inner.lock();
+                let mut g = p.lock(key);
                 let r = g.take(key, Departure::ExclusiveGet, |l| self.prefetch(l));
                 if r.is_none() {
                     g.counters.gets_missed += 1;
@@ -449,7 +464,7 @@ impl Shared {
             let ok = self.read_owned(loc, out);
             self.free_locs(&[loc]);
             if !ok {
-                self.count_lost_page(p, loc.store());
+                self.count_lost_page(p, key, loc.store());
             }
             return ok.then_some(loc.store());
         }
@@ -476,8 +491,8 @@ impl Shared {
 
     /// An exclusive get whose SSD read failed: the page is gone, so re-count the hit as an eviction and
     /// the get as a miss (the identity is unchanged: used did not move).
-    fn count_lost_page(&self, p: &Pool, store: StoreKind) {
-        let mut g = p.inner.lock();
+    fn count_lost_page(&self, p: &Pool, key: Key, store: StoreKind) {
+        let mut g = p.lock(key);
         let c = g.counters.store_mut(store);
         c.gets_hit -= 1;
         c.exclusive_gets -= 1;
@@ -493,7 +508,7 @@ impl Shared {
         // the read stale, so retry a few times, then report a miss (a cache may miss, never lie).
         for _ in 0..8 {
             let (slot, version) = {
-                let mut g = p.inner.lock();
+                let mut g = p.lock(key);
                 let Some((id, loc)) = g.lookup_slot(key) else {
                     g.counters.gets_missed += 1;
                     return None;
@@ -509,7 +524,7 @@ impl Shared {
                 }
             };
             let read_ok = self.ssd.as_ref().is_some_and(|ssd| ssd.read(slot, out).is_ok());
-            let mut g = p.inner.lock();
+            let mut g = p.lock(key);
             match g.lookup(key) {
                 Some(id) if g.entry(id).version == version && g.entry(id).loc == Loc::Ssd(slot) => {
                     if read_ok {
@@ -529,7 +544,7 @@ impl Shared {
                 _ => continue,
             }
         }
-        p.inner.lock().counters.gets_missed += 1;
+        p.lock(key).counters.gets_missed += 1;
         None
     }
 
@@ -556,8 +571,8 @@ impl Shared {
         n
     }
 
-    /// A batch of non-exclusive gets whose hits are all in memory (the common case), under one pool
-    /// lock: every key is looked up and its frame prefetched before any page is handed to `hit`, so the
+    /// A batch of non-exclusive gets whose hits are all in memory (the common case), under the locks
+    /// of the batch's shards (taken together, in increasing shard index): every key is looked up and its frame prefetched before any page is handed to `hit`, so the
     /// frames' first lines are on their way from memory while the copies run; each hit is handed over
     /// in place (under the lock, which keeps the frame from being freed or rewritten) and counted, in
     /// key order, as by one `get_shared` per key. `None`, with nothing counted or touched, when a hit
@@ -568,11 +583,11 @@ impl Shared {
         keys: &[Key],
         hit: &mut dyn FnMut(usize, &[u8]),
     ) -> Option<usize> {
-        let mut g = p.inner.lock();
+        let mut g = p.lock_keys(keys);
         // (index, slot id, frame) of each hit.
         let mut found: Vec<(usize, u32, crate::store::frame::FrameId)> = Vec::with_capacity(keys.len());
         for (i, k) in keys.iter().enumerate() {
-            match g.lookup_slot(*k) {
+            match g.of(*k).lookup_slot(*k) {
                 None => {}
                 Some((id, Loc::Mem(f))) => {
                     self.mem.prefetch(f);
@@ -581,12 +596,19 @@ impl Shared {
                 Some((_, Loc::Ssd(_))) => return None,
             }
         }
-        for &(i, id, f) in &found {
-            self.mem.with_page(f, |page| hit(i, page));
-            g.counters.mem.gets_hit += 1;
-            g.touch_in(id, StoreKind::Mem);
+        let mut next = 0;
+        for (i, k) in keys.iter().enumerate() {
+            let s = g.of(*k);
+            match found.get(next) {
+                Some(&(j, id, f)) if j == i => {
+                    self.mem.with_page(f, |page| hit(i, page));
+                    s.counters.mem.gets_hit += 1;
+                    s.touch_in(id, StoreKind::Mem);
+                    next += 1;
+                }
+                _ => s.counters.gets_missed += 1,
+            }
         }
-        g.counters.gets_missed += (keys.len() - found.len()) as u64;
         Some(found.len())
     }
 
@@ -615,14 +637,17 @@ impl Shared {
         let mut hits = vec![false; keys.len()];
         let mut taken: Vec<(usize, Loc)> = Vec::with_capacity(keys.len());
         {
-            let mut g = p.inner.lock();
+            let mut g = p.lock_keys(keys);
             for (i, k) in keys.iter().enumerate() {
-                match g.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
+                let s = g.of(*k);
+                match s.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
                     Some(loc) => taken.push((i, loc)),
-                    None => g.counters.gets_missed += 1,
+                    None => s.counters.gets_missed += 1,
                 }
             }
-            p.publish(&g);
+            for s in &g.guards {
+                p.publish(s);
+            }
         }
         let mut ssd_reqs: Vec<(usize, crate::store::ssd::SlotId)> = Vec::new();
         let mut locs = Vec::with_capacity(taken.len());
@@ -644,16 +669,12 @@ impl Shared {
                 .map(|(i, s)| (*s, slices[*i].take().expect("each page index is requested once")))
                 .collect();
             let results = ssd.read_batch(&mut reqs);
-            let mut lost = 0;
             for ((i, _), r) in ssd_reqs.iter().zip(results) {
                 if r.is_ok() {
                     hits[*i] = true;
                 } else {
-                    lost += 1;
+                    self.count_lost_page(p, keys[*i], StoreKind::Ssd);
                 }
-            }
-            for _ in 0..lost {
-                self.count_lost_page(p, StoreKind::Ssd);
             }
         }
         self.free_locs(&locs);

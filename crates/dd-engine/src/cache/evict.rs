@@ -2,7 +2,7 @@
 //! Algorithm 1 chooses (VM first, then pool; `policy::victim`) or, in global mode, from the pool whose
 //! oldest page is the oldest of all.
 //!
-//! Lock order: the tree (read) -> the store's eviction lock -> one pool mutex at a time. The eviction lock
+//! Lock order: the tree (read) -> the store's eviction lock -> one pool shard's mutex at a time. The eviction lock
 //! serialises evictions from one store so that concurrent puts do not evict several batches for one page.
 //! Persistent pages are never evicted; a persistent pool may push others out only while its VM is under its
 //! entitlement. Evicted memory pages of the co-operative group are offered to the remote sink (`coop`)
@@ -24,7 +24,11 @@ impl Shared {
         }
         loop {
             let tree = self.tree.read();
-            let _evicting = st.evict_lock.lock();
+            let _evicting = crate::lockprof::acquire(
+                crate::lockprof::LockClass::EvictLock,
+                || st.evict_lock.try_lock(),
+                || st.evict_lock.lock(),
+            );
             if st.try_reserve(1) {
                 return true;
             }
@@ -100,7 +104,7 @@ impl Shared {
                 if p.evictable(store) == 0 {
                     continue;
                 }
-                let Some(seq) = p.inner.lock().oldest_seq(store) else { continue };
+                let Some(seq) = p.oldest_seq(store) else { continue };
                 match first {
                     Some((f, _)) if seq >= f => second = second.min(seq),
                     _ => {
@@ -121,8 +125,9 @@ impl Shared {
         done
     }
 
-    /// Evicts up to `n` pages of `store` from one pool (in the pool's order), stopping early at a page
-    /// younger than `until_seq` (global mode). Returns how many were evicted.
+    /// Evicts up to `n` pages of `store` from one pool (in the pool's order; a sharded pool's batch is
+    /// split over its shards by `Pool::quotas`), stopping early in each shard at a page younger than
+    /// `until_seq` (global mode). Returns how many were evicted.
     pub(super) fn evict_from_pool(
         &self,
         p: &Arc<Pool>,
@@ -144,9 +149,12 @@ impl Shared {
             .get()
             .filter(|_| store == StoreKind::Mem && coop != NO_DOMAIN)
             .filter(|_| p.dedup_domain.load(Ordering::Relaxed) == coop);
-        {
-            let mut g = p.inner.lock();
-            while ((locs.len() + offers.len()) as u64) < n {
+        // The pending-record bound is the pool's, split evenly over its shards.
+        let max_pending = (self.max_pending_per_pool / p.shard_count()).max(1);
+        for (shard, quota) in p.quotas(store, n) {
+            let mut g = p.lock_shard(shard);
+            let mut taken = 0;
+            while taken < quota {
                 if let Some(limit) = until_seq {
                     let oldest = g.oldest_seq(store);
                     // Always take at least one page so global eviction makes progress.
@@ -156,7 +164,7 @@ impl Shared {
                 }
                 match g.pop_victim(store) {
                     Some(Entry { loc: Loc::Mem(f), key, .. })
-                        if sink.is_some() && g.pending_remote < self.max_pending_per_pool =>
+                        if sink.is_some() && g.pending_remote < max_pending =>
                     {
                         let token = self.remote_tokens.fetch_add(1, Ordering::Relaxed);
                         g.set_pending(key, token);
@@ -165,6 +173,7 @@ impl Shared {
                     Some(Entry { loc, .. }) => locs.push(loc),
                     None => break,
                 }
+                taken += 1;
             }
             p.publish(&g);
         }

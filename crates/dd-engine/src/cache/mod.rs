@@ -5,22 +5,24 @@
 //!   `RwLock`; it changes only on control-plane calls and is read when a victim must be chosen.
 //! * **Pools** are found through a sharded table (`POOL_SHARDS` `RwLock`ed hash maps), so the data path
 //!   takes no lock shared by all pools: a put or get locks one table shard for reading (to clone the
-//!   pool's `Arc`) and then the pool's own mutex. A [`PoolHandle`] holds that `Arc` and skips the table.
+//!   pool's `Arc`) and then the mutex of the key's shard of the pool (`pool.rs`: a pool is split into
+//!   shards by key hash, so threads on one pool rarely meet). A [`PoolHandle`] holds that `Arc` and skips the table.
 //! * Each **store** (memory, SSD) has a capacity and a reservation counter. A put reserves a page
 //!   before it allocates; when the reservation fails the store is full and the putting thread evicts one
 //!   batch from the victim chosen by Algorithm 1 (VM first, then pool), serialised by the store's
 //!   eviction lock so that concurrent puts do not evict several batches for one page.
 //!
 //! # Lock order
-//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool mutexes (increasing pool id)
-//! -> pool-table shards, memory-store free stacks, SSD-store internals and pool labels (leaves). A thread never
+//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool shard mutexes (increasing
+//! pool id; within a pool, increasing shard index) -> pool-table shards, memory-store free stacks,
+//! SSD-store internals and pool labels (leaves). A thread never
 //! acquires a lock that comes earlier in this list while holding a later one.
 //!
 //! # Where the expensive work happens
 //! Page copies into fresh frames, SSD reads and writes, and freeing frames and slots all happen with no
 //! pool lock held: an operation takes a location out of (or puts it into) the index under the lock and
-//! does the rest outside. Two exceptions copy 4 KiB under the pool lock because the page stays indexed
-//! and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
+//! does the rest outside. Two exceptions copy 4 KiB under the key's pool-shard lock because the page
+//! stays indexed and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
 //!
 //! # Invariants
 //! * A page key is indexed in at most one tier of one pool (exclusive caching, and "each page in exactly
@@ -30,7 +32,8 @@
 //!   validated against the entry's version after the read).
 //! * `stores[s].reserved` = pages indexed in store `s` + pages in flight (reserved, not yet indexed or
 //!   freed). At quiescence it equals the sum of the pools' `used`.
-//! * Per pool and store the statistics identity holds whenever the pool lock is free.
+//! * Per pool shard and store the statistics identity holds whenever the shard's lock is free, and so
+//!   for the pool's counters, which are the sum of its shards' read one shard lock at a time.
 //!
 //! # Co-operative de-duplication
 //! With a [`RemoteSink`] installed, eviction of an unshared memory page leaves a pending record and
@@ -165,6 +168,8 @@ struct Shared {
     max_batch: usize,
     max_pools: usize,
     max_pools_per_vm: usize,
+    /// Shards of a pool whose options name none (`EngineConfig::pool_shards`, 0 resolved).
+    pool_shards: u32,
     maintenance: Maintenance,
     maintenance_interval: Duration,
     settings: RwLock<Settings>,
@@ -276,6 +281,10 @@ impl Cache {
             max_batch: cfg.max_batch_pages,
             max_pools: cfg.max_pools,
             max_pools_per_vm: cfg.max_pools_per_vm,
+            pool_shards: match cfg.pool_shards {
+                0 => crate::config::default_pool_shards(),
+                n => n,
+            },
             maintenance: cfg.maintenance,
             maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
             settings: RwLock::new(Settings {
@@ -385,7 +394,13 @@ impl Shared {
 
     /// Finds a pool of `vm`. A pool of another VM is reported as unknown.
     fn pool(&self, vm: VmId, pool: PoolId) -> Result<Arc<Pool>, CacheError> {
-        match self.pools[shard_of(vm, pool)].read().get(&(vm, pool)) {
+        let table = &self.pools[shard_of(vm, pool)];
+        let table = crate::lockprof::acquire(
+            crate::lockprof::LockClass::PoolTable,
+            || table.try_read(),
+            || table.read(),
+        );
+        match table.get(&(vm, pool)) {
             Some(p) => Ok(p.clone()),
             None => Err(CacheError::UnknownPool(pool)),
         }

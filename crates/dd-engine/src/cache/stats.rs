@@ -1,7 +1,7 @@
 //! Statistics (GET_STATS for a pool, a VM, the host) and the invariant check of the whole cache.
 //!
-//! Counters are read under each pool's lock in turn, so a snapshot is consistent per pool, not across
-//! pools. Effective entitlements (`policy::effective`) are computed from the tree on each call.
+//! Counters are read under each pool shard's lock in turn (a pool's are the sum of its shards'), so a
+//! snapshot satisfies the identity per pool, but is not one instant across shards or pools. Effective entitlements (`policy::effective`) are computed from the tree on each call.
 //! `check_invariants` verifies every pool and that each store's reservation equals the pages indexed in it
 //! (frames in use and de-duplication references when pages share frames).
 
@@ -106,7 +106,7 @@ impl Cache {
         for (vm, node) in &tree.vms {
             let mut totals = node.retired;
             for p in node.pools.values() {
-                let c = p.inner.lock().counters;
+                let c = p.counters();
                 if !c.identity_holds() {
                     return Err(format!("identity broken for pool {} of {vm:?}: {c:?}", p.id));
                 }
@@ -129,11 +129,13 @@ impl Cache {
         let mut per_store = [0u64; 2];
         for node in tree.vms.values() {
             for p in node.pools.values() {
-                let g = p.inner.lock();
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.check()))
-                    .map_err(|_| format!("pool {} failed its invariant check", p.id))?;
-                for s in StoreKind::ALL {
-                    per_store[s.idx()] += g.counters.store(s).used;
+                for i in 0..p.shard_count() {
+                    let g = p.lock_shard(i);
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.check()))
+                        .map_err(|_| format!("pool {} failed its invariant check in shard {i}", p.id))?;
+                    for s in StoreKind::ALL {
+                        per_store[s.idx()] += g.counters.store(s).used;
+                    }
                 }
             }
         }
@@ -202,7 +204,7 @@ impl Shared {
     }
 
     fn pool_stats(&self, p: &Pool, eff: &[Effective; 2]) -> PoolStats {
-        let mut counters = p.inner.lock().counters;
+        let mut counters = p.counters();
         for s in StoreKind::ALL {
             counters.store_mut(s).entitlement = p.entitlement(s);
             counters.store_mut(s).effective_entitlement =
@@ -262,13 +264,13 @@ mod tests {
         assert!(cache.host_stats().totals.identity_holds());
 
         // One page too many in pool a's counters: a, then VM 1, then the host break with it.
-        cache.shared.pool(VmId(1), a).unwrap().inner.lock().counters.mem.used += 1;
+        cache.shared.pool(VmId(1), a).unwrap().lock_shard(0).counters.mem.used += 1;
         let e = cache.check_identity().unwrap_err();
         assert!(e.contains(&format!("pool {a}")), "{e}");
         assert!(!cache.host_stats().vms[0].pools[0].counters.identity_holds());
         // Balanced again by a put; then the VM's destroyed pools (its `retired` counters) break the VM's
         // totals, and the removed VMs' break the host's.
-        cache.shared.pool(VmId(1), a).unwrap().inner.lock().counters.mem.puts += 1;
+        cache.shared.pool(VmId(1), a).unwrap().lock_shard(0).counters.mem.puts += 1;
         cache.check_identity().unwrap();
         cache.shared.tree.write().vms.get_mut(&VmId(1)).unwrap().retired.mem.used += 1;
         let e = cache.check_identity().unwrap_err();

@@ -3,7 +3,8 @@
 //!
 //! A page moves only if it is still the same page (same key and version) when the move is published,
 //! so a put, flush or get racing with a move wins and the stale copy is dropped; each page stays in
-//! exactly one tier. Demotion copies at most `DEMOTE_CHUNK` pages per pool-lock hold; promotion uses only
+//! exactly one tier. A sharded pool's batch is split over its shards by `Pool::quotas` (the fullest first).
+//! Demotion copies at most `DEMOTE_CHUNK` pages per shard-lock hold; promotion uses only
 //! free memory (it never evicts). Each maintenance step moves at most one batch and strictly reduces the
 //! pool's distance to its watermarks, so maintenance converges.
 
@@ -121,7 +122,22 @@ impl Shared {
 
     /// Moves up to `n` of the oldest memory pages of `p` to the SSD tier. Returns pages moved.
     fn demote(&self, p: &Arc<Pool>, n: u64) -> u64 {
-        let Some(ssd) = self.ssd.as_ref() else { return 0 };
+        let mut moved = 0u64;
+        for (shard, quota) in p.quotas(StoreKind::Mem, n) {
+            let (m, room) = self.demote_in(p, shard, quota);
+            moved += m;
+            if !room {
+                // No SSD room at all: fall back to dropping the pages so memory stays bounded.
+                return moved + self.evict_from_pool(p, StoreKind::Mem, n - moved, None);
+            }
+        }
+        moved
+    }
+
+    /// Demotes up to `n` of the oldest memory pages of one shard of `p`. Returns pages moved and whether
+    /// the SSD had room (false: it took none of a chunk).
+    fn demote_in(&self, p: &Arc<Pool>, shard: usize, n: u64) -> (u64, bool) {
+        let Some(ssd) = self.ssd.as_ref() else { return (0, true) };
         let ps = self.page_size;
         let mut moved = 0u64;
         let mut buf = vec![0u8; ps * DEMOTE_CHUNK];
@@ -129,7 +145,7 @@ impl Shared {
             let want = (n - moved).min(DEMOTE_CHUNK as u64) as usize;
             // 1. Copy the oldest pages out under the lock (they stay indexed and readable).
             let picked: Vec<(Key, u64)> = {
-                let g = p.inner.lock();
+                let g = p.lock_shard(shard);
                 let mut picked = Vec::with_capacity(want);
                 for id in g.oldest_in(StoreKind::Mem, want) {
                     let e = g.entry(id);
@@ -160,13 +176,12 @@ impl Shared {
                 staged.push((*key, *version, slot));
             }
             if staged.is_empty() {
-                // No SSD room at all: fall back to dropping the pages so memory stays bounded.
-                return moved + self.evict_from_pool(p, StoreKind::Mem, n - moved, None);
+                return (moved, false);
             }
             // 3. Switch each entry that is still the same page to its SSD slot.
             let mut to_free = Vec::new();
             {
-                let mut g = p.inner.lock();
+                let mut g = p.lock_shard(shard);
                 for (key, version, slot) in staged {
                     match g.lookup(key) {
                         Some(id) if g.entry(id).version == version && !g.dead => {
@@ -183,14 +198,28 @@ impl Shared {
             }
             self.free_locs(&to_free);
         }
-        moved
+        (moved, true)
     }
 
     /// Moves up to `n` of the youngest SSD pages of `p` back to memory, using only free memory.
     fn promote(&self, p: &Arc<Pool>, n: u64) -> u64 {
-        let Some(ssd) = self.ssd.as_ref() else { return 0 };
+        let mut moved = 0;
+        for (shard, quota) in p.quotas(StoreKind::Ssd, n) {
+            let (m, room) = self.promote_in(p, shard, quota);
+            moved += m;
+            if !room {
+                break;
+            }
+        }
+        moved
+    }
+
+    /// Promotes up to `n` of the youngest SSD pages of one shard of `p`. Returns pages moved and whether
+    /// memory had room for all it tried.
+    fn promote_in(&self, p: &Arc<Pool>, shard: usize, n: u64) -> (u64, bool) {
+        let Some(ssd) = self.ssd.as_ref() else { return (0, false) };
         let picked: Vec<(Key, u64, crate::store::ssd::SlotId)> = {
-            let g = p.inner.lock();
+            let g = p.lock_shard(shard);
             g.youngest_in(StoreKind::Ssd, n as usize)
                 .into_iter()
                 .filter_map(|id| {
@@ -203,12 +232,15 @@ impl Shared {
                 .collect()
         };
         let mut staged = Vec::with_capacity(picked.len());
+        let mut room = true;
         for (key, version, slot) in picked {
             if !self.stores[0].try_reserve(1) {
+                room = false;
                 break;
             }
             let Some(frame) = self.mem.alloc() else {
                 self.stores[0].release(1);
+                room = false;
                 break;
             };
             let mut page = vec![0u8; self.page_size];
@@ -240,7 +272,7 @@ impl Shared {
         let mut moved = 0;
         let mut to_free = Vec::new();
         {
-            let mut g = p.inner.lock();
+            let mut g = p.lock_shard(shard);
             for (key, version, slot, frame) in staged {
                 match g.lookup(key) {
                     Some(id)
@@ -257,6 +289,6 @@ impl Shared {
             p.publish(&g);
         }
         self.free_locs(&to_free);
-        moved
+        (moved, room)
     }
 }

@@ -156,7 +156,14 @@ impl MemStore {
     /// cache's reservation prevents.
     pub fn alloc(&self) -> Option<FrameId> {
         let mine = self.my_stack();
-        if let Some(f) = self.stacks[mine].lock().pop() {
+        let stack = &self.stacks[mine];
+        let popped = crate::lockprof::acquire(
+            crate::lockprof::LockClass::FreeStack,
+            || stack.try_lock(),
+            || stack.lock(),
+        )
+        .pop();
+        if let Some(f) = popped {
             return Some(FrameId(f));
         }
         let limit = self.limit.load(Ordering::Relaxed);
@@ -207,7 +214,9 @@ impl MemStore {
 
     fn free_frame(&self, f: u32) {
         debug_assert!(f < self.bump.load(Ordering::Relaxed));
-        self.stacks[self.my_stack()].lock().push(f);
+        let stack = &self.stacks[self.my_stack()];
+        crate::lockprof::acquire(crate::lockprof::LockClass::FreeStack, || stack.try_lock(), || stack.lock())
+            .push(f);
     }
 
     /// Stores a compressed page (`bytes` fits in half a frame with its 2-byte length) in the free half

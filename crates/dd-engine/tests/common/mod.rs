@@ -45,6 +45,8 @@ pub fn small_config(dir: &Path, mem_pages: u64, ssd_pages: u64, batch_pages: u64
         },
         maintenance: Maintenance::Inline,
         max_batch_pages: 64,
+        // One shard unless a test asks for more: the same engine on every host, whatever its cores.
+        pool_shards: 1,
         ..Default::default()
     }
 }

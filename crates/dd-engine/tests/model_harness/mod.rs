@@ -191,6 +191,8 @@ pub struct Setup {
     pub compress: bool,
     /// The SSD store over a fault injector that `Op::Fault` arms.
     pub faults: bool,
+    /// Shards of every pool (`EngineConfig::pool_shards`); 0 keeps the config's (one).
+    pub shards: u32,
 }
 
 pub struct Harness {
@@ -217,7 +219,17 @@ impl Harness {
     }
 
     pub fn with(seed: u64, dedup: bool, compress: bool) -> Self {
-        Self::in_temp_dir(seed, Setup { dedup, compress, faults: false })
+        Self::in_temp_dir(seed, Setup { dedup, compress, ..Setup::default() })
+    }
+
+    /// [`Self::new`] with every pool in `shards` shards.
+    pub fn sharded(seed: u64, shards: u32) -> Self {
+        Self::in_temp_dir(seed, Setup { shards, ..Setup::default() })
+    }
+
+    /// [`Self::with_faults`] with every pool in `shards` shards.
+    pub fn sharded_with_faults(seed: u64, shards: u32) -> Self {
+        Self::in_temp_dir(seed, Setup { faults: true, shards, ..Setup::default() })
     }
 
     fn in_temp_dir(seed: u64, setup: Setup) -> Self {
@@ -242,6 +254,9 @@ impl Harness {
 
     fn build(seed: u64, mut cfg: dd_engine::EngineConfig, setup: Setup) -> Self {
         cfg.mem.dedup = setup.dedup;
+        if setup.shards != 0 {
+            cfg.pool_shards = setup.shards;
+        }
         if setup.compress {
             cfg.mem.compression = Compression::Lz4;
         }
