@@ -147,7 +147,8 @@ impl World {
                 let order =
                     [EvictionOrder::Fifo, EvictionOrder::Lru, EvictionOrder::Clock, EvictionOrder::S3Fifo]
                         [*order as usize % 4];
-                let opts = PoolOptions { kind, spec: spec.spec(), order, exclusive_gets: *exclusive, shards: 0 };
+                let opts =
+                    PoolOptions { kind, spec: spec.spec(), order, exclusive_gets: *exclusive, shards: 0 };
                 Request::CreatePool(opts).encode(v, id, &mut out)
             }
             Req::DestroyPool(p) => {

@@ -308,6 +308,11 @@ impl Pool {
         self.shards[shard_of(key, self.shard_mask)].lock()
     }
 
+    /// The index of `key`'s shard.
+    pub fn shard_index(&self, key: Key) -> usize {
+        shard_of(key, self.shard_mask)
+    }
+
     /// Locks shard `i`.
     pub fn lock_shard(&self, i: usize) -> MutexGuard<'_, PoolInner> {
         self.shards[i].lock()
