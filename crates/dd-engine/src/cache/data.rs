@@ -574,10 +574,7 @@ impl Shared {
     /// (the lab's) locks once, and hands its hits over in index order. A hit on the SSD is read after
     /// the shards, as by `get_shared`, with no lock held. Returns the number of hits.
     fn get_batch_in_memory(&self, p: &Arc<Pool>, keys: &[Key], hit: &mut dyn FnMut(usize, &[u8])) -> usize {
-        // (shard, index), sorted: a shard's keys together, each shard's in index order.
-        let mut order: Vec<(u32, u32)> =
-            keys.iter().enumerate().map(|(i, k)| (p.shard_index(*k) as u32, i as u32)).collect();
-        order.sort_unstable();
+        let order = by_shard(p, keys);
         let mut found: Vec<(usize, u32, FrameId)> = Vec::with_capacity(keys.len());
         let mut on_ssd: Vec<usize> = Vec::new();
         let mut n = 0;
@@ -626,18 +623,17 @@ impl Shared {
         }
         let mut hits = vec![false; keys.len()];
         let mut taken: Vec<(usize, Loc)> = Vec::with_capacity(keys.len());
-        {
-            let mut g = p.lock_keys(keys);
-            for (i, k) in keys.iter().enumerate() {
-                let s = g.of(*k);
-                match s.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
+        // One shard lock at a time, as in `get_batch_in_memory`; the copies come after, unlocked.
+        for group in by_shard(p, keys).chunk_by(|a, b| a.0 == b.0) {
+            let mut g = p.lock_shard(group[0].0 as usize);
+            for &(_, i) in group {
+                let i = i as usize;
+                match g.take(keys[i], Departure::ExclusiveGet, |l| self.prefetch(l)) {
                     Some(loc) => taken.push((i, loc)),
-                    None => s.counters.gets_missed += 1,
+                    None => g.counters.gets_missed += 1,
                 }
             }
-            for s in &g.guards {
-                p.publish(s);
-            }
+            p.publish(&g);
         }
         let mut ssd_reqs: Vec<(usize, crate::store::ssd::SlotId)> = Vec::new();
         let mut locs = Vec::with_capacity(taken.len());
@@ -672,6 +668,15 @@ impl Shared {
     }
 }
 
+/// The batch's (shard, key index) pairs, sorted: each shard's keys together, in index order, the
+/// shards in increasing index (a batch visits them so, one lock at a time).
+fn by_shard(p: &Pool, keys: &[Key]) -> Vec<(u32, u32)> {
+    let mut order: Vec<(u32, u32)> =
+        keys.iter().enumerate().map(|(i, k)| (p.shard_index(*k) as u32, i as u32)).collect();
+    order.sort_unstable();
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{Maintenance, MemStoreConfig};
@@ -686,42 +691,50 @@ mod tests {
     /// holds one shard lock at a time.
     #[test]
     fn regression_a_batched_get_held_every_shard_it_touched_while_waiting_for_one() {
-        let cfg = EngineConfig {
-            page_size_bytes: 512,
-            mem: MemStoreConfig { capacity_bytes: 256 * 512, ..Default::default() },
-            ssd: None,
-            maintenance: Maintenance::Inline,
-            ..Default::default()
-        };
-        let cache = Cache::new(cfg).unwrap();
-        cache.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
-        let opts = PoolOptions::ephemeral(Spec::Mem { weight: 1 }).with_shards(4);
-        let id = cache.new_pool(VmId(1), opts).unwrap();
-        let pool = cache.shared.pool(VmId(1), id).unwrap();
-        // Two keys in different shards, `low` in the lower one (a batch visits it first).
-        let keys: Vec<Key> = (0..64).map(|o| Key::new(o, 0)).collect();
-        let low = *keys.iter().min_by_key(|k| pool.shard_index(**k)).unwrap();
-        let high = *keys.iter().find(|k| pool.shard_index(**k) > pool.shard_index(low)).unwrap();
-        for k in [low, high] {
-            cache.put(VmId(1), id, k, &[k.object as u8; 512]).unwrap();
-        }
-        let busy = pool.lock_shard(pool.shard_index(high));
-        std::thread::scope(|s| {
-            let handle = cache.pool_handle(VmId(1), id).unwrap();
-            // The batch gets `low`'s shard, then waits for `high`'s.
-            s.spawn(move || handle.get_batch_each(&[low, high], &mut |_, _| {}).unwrap());
-            std::thread::sleep(Duration::from_millis(100));
-            // A get on `low`'s shard alone must not wait for the batch that waits for `high`'s.
-            let (tx, rx) = mpsc::channel();
-            let c = &cache;
-            s.spawn(move || {
-                let mut out = [0u8; 512];
-                tx.send(c.get(VmId(1), id, low, &mut out).unwrap()).unwrap();
+        for exclusive in [false, true] {
+            let cfg = EngineConfig {
+                page_size_bytes: 512,
+                mem: MemStoreConfig { capacity_bytes: 256 * 512, ..Default::default() },
+                ssd: None,
+                maintenance: Maintenance::Inline,
+                ..Default::default()
+            };
+            let cache = Cache::new(cfg).unwrap();
+            cache.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
+            let mut opts = PoolOptions::ephemeral(Spec::Mem { weight: 1 }).with_shards(4);
+            opts.exclusive_gets = exclusive;
+            let id = cache.new_pool(VmId(1), opts).unwrap();
+            let pool = cache.shared.pool(VmId(1), id).unwrap();
+            // Two keys in different shards, `low` in the lower one (a batch visits it first).
+            let keys: Vec<Key> = (0..64).map(|o| Key::new(o, 0)).collect();
+            let low = *keys.iter().min_by_key(|k| pool.shard_index(**k)).unwrap();
+            let high = *keys.iter().find(|k| pool.shard_index(**k) > pool.shard_index(low)).unwrap();
+            for k in [low, high] {
+                cache.put(VmId(1), id, k, &[k.object as u8; 512]).unwrap();
+            }
+            let busy = pool.lock_shard(pool.shard_index(high));
+            std::thread::scope(|s| {
+                let handle = cache.pool_handle(VmId(1), id).unwrap();
+                // The batch gets `low`'s shard, then waits for `high`'s.
+                s.spawn(move || handle.get_batch_each(&[low, high], &mut |_, _| {}).unwrap());
+                std::thread::sleep(Duration::from_millis(100));
+                // A get on `low`'s shard alone must not wait for the batch that waits for `high`'s (it
+                // hits, or in an exclusive pool misses the page the batch took).
+                let (tx, rx) = mpsc::channel();
+                let c = &cache;
+                s.spawn(move || {
+                    let mut out = [0u8; 512];
+                    tx.send(c.get(VmId(1), id, low, &mut out).unwrap()).unwrap();
+                });
+                let got = rx.recv_timeout(Duration::from_secs(5));
+                drop(busy);
+                assert_eq!(
+                    got,
+                    Ok(!exclusive),
+                    "exclusive {exclusive}: a get on a shard the waiting batch had visited waited for it"
+                );
             });
-            let got = rx.recv_timeout(Duration::from_secs(5));
-            drop(busy);
-            assert_eq!(got, Ok(true), "a get on a shard the waiting batch had visited waited for it");
-        });
-        cache.check_identity().unwrap();
+            cache.check_identity().unwrap();
+        }
     }
 }
