@@ -115,7 +115,8 @@ pub struct LimitsConfig {
     /// buffers, the allocator's cache), and the runtime keeps an idle thread for as long as work comes
     /// often enough to wake it, so without a limit the threads, and the memory, grew with every burst
     /// for the daemon's life (issue 35: 51 to 101 threads and 17 to 34 MB of heap in 11 minutes of
-    /// `soak`). Past the limit, blocking work waits for a thread. Default 64.
+    /// `soak`). Past the limit, blocking work waits for a thread. Half is the main runtime's (admin
+    /// API), half the session runtimes' (`sessions`), each of those at least one. Default 64.
     pub max_blocking_threads: usize,
     /// Runtimes serving authenticated sessions, one worker thread and one reactor each (`sessions`):
     /// 0, the default, is one per available core.

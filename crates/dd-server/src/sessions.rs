@@ -10,8 +10,10 @@
 //! runtime because sessions use `block_in_place` around engine calls that may wait (SSD reads, peers):
 //! the worker hands its other sessions to a fresh thread for the duration.
 //!
-//! Bounds: `limits.max_blocking_threads` is split between the runtimes (at least one each), so the
-//! daemon's blocking threads stay within about that limit plus the main runtime's (issue 35, D32).
+//! Bounds: `limits.max_blocking_threads` is split in two, half for the main runtime (the admin API's
+//! blocking calls, [`main_blocking_threads`]) and the rest shared by the session runtimes (at least one
+//! each), so the daemon's blocking threads stay within that limit plus at most one per session
+//! runtime from the rounding (issue 35, D32).
 //!
 //! Invariant: the runtimes are shut down (in the background, never blocking the caller) only after
 //! `run` has waited for the sessions to end or for the drain timeout.
@@ -19,6 +21,12 @@
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::runtime::{Builder, Handle, Runtime};
+
+/// The blocking threads of the daemon's main runtime (the admin API, background work) out of
+/// `limits.max_blocking_threads`: half, at least one; the session runtimes share the rest.
+pub fn main_blocking_threads(max_blocking_threads: usize) -> usize {
+    (max_blocking_threads / 2).max(1)
+}
 
 /// The session runtimes (see the module docs).
 #[derive(Debug)]
@@ -30,13 +38,15 @@ pub struct SessionRuntimes {
 }
 
 impl SessionRuntimes {
-    /// Starts `threads` runtimes (0: one per available core), sharing `max_blocking_threads`.
+    /// Starts `threads` runtimes (0: one per available core), sharing what `max_blocking_threads`
+    /// leaves after the main runtime's share ([`main_blocking_threads`]).
     pub fn start(threads: usize, max_blocking_threads: usize) -> io::Result<SessionRuntimes> {
         let n = match threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let blocking = max_blocking_threads.div_ceil(n).max(1);
+        let shared = max_blocking_threads.saturating_sub(main_blocking_threads(max_blocking_threads));
+        let blocking = shared.div_ceil(n).max(1);
         let runtimes = (0..n)
             .map(|i| {
                 Builder::new_multi_thread()

@@ -67,8 +67,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Bounded: the runtime keeps an idle blocking thread for as long as work wakes it within its
-        // keep-alive, so under steady load the pool only grows (`limits.max_blocking_threads`).
-        .max_blocking_threads(cfg.limits.max_blocking_threads)
+        // keep-alive, so under steady load the pool only grows (`limits.max_blocking_threads`, of which
+        // the session runtimes have the other half: `dd_server::sessions`).
+        .max_blocking_threads(dd_server::sessions::main_blocking_threads(cfg.limits.max_blocking_threads))
         .thread_name("dd-serve")
         .build()
         .context("starting the async runtime")?;

@@ -182,9 +182,11 @@ fn regression_blocking_threads_stay_within_their_limit_under_concurrent_sessions
     let d = Daemon::start(&refs, &format!("[limits]\nmax_blocking_threads = {LIMIT}\n"));
     let pid = d.pid();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    // The main thread, the runtime's workers, the blocking threads, and the daemon's own threads
-    // (handshake, maintenance, SSD writer: 3 today) with room for 3 more. Unbounded, this load ran 42.
-    let bound = 1 + cores + LIMIT + 6;
+    // The main thread, the main runtime's workers, the session runtimes' workers (one per core), the
+    // blocking threads (the limit, plus at most one per session runtime from splitting it between
+    // them), and the daemon's own threads (handshake, maintenance, SSD writer: 3 today) with room for
+    // 3 more. Unbounded, this load ran 42.
+    let bound = 1 + cores + cores + LIMIT + cores + 6;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let most = std::thread::scope(|s| {
         let mut hs = Vec::new();
