@@ -19,6 +19,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Errors that stop a run of load against a daemon before its checks (`soak`'s [`crate::soak::SoakError`]
+/// and `tenants`' [`crate::tenants::TenantsBenchError`] are this type): a failed check is a report with
+/// `pass = false`, not an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error("invalid option {field}: {reason}")]
+    InvalidOption { field: &'static str, reason: String },
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    #[error("client: {0}")]
+    Client(#[from] dd_client::ClientError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
 /// Errors of starting, driving or stopping the daemon.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
