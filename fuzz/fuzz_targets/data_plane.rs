@@ -145,7 +145,8 @@ impl World {
             Req::CreatePool { persistent, order, exclusive, spec } => {
                 let kind = if *persistent { PoolKind::Persistent } else { PoolKind::Ephemeral };
                 let order = EvictionOrder::ALL[*order as usize % EvictionOrder::ALL.len()];
-                let opts = PoolOptions { kind, spec: spec.spec(), order, exclusive_gets: *exclusive };
+                let opts =
+                    PoolOptions { kind, spec: spec.spec(), order, exclusive_gets: *exclusive, shards: 0 };
                 Request::CreatePool(opts).encode(v, id, &mut out)
             }
             Req::DestroyPool(p) => {
