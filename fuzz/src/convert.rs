@@ -43,7 +43,7 @@ use crate::data_plane::{self, KeyIn, PoolRef, SpecIn, Step, MAX_BATCH};
 use crate::engine_model::{self as em, Op};
 use crate::peer_handler::{self as ph, Handle, Who, HELD, PAGES};
 use dd_coop::wire::{self as pw, PeerRequest, PeerResponse};
-use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, Spec};
+use dd_engine::{Key, PoolId, PoolKind, PoolOptions, Spec};
 use dd_proto::frame::split_frame;
 use dd_proto::{Request, Response, HEADER_LEN};
 use dd_server::capture::{Channel, Direction, Recording};
