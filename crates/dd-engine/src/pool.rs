@@ -197,22 +197,6 @@ pub(crate) fn shard_of(key: Key, mask: usize) -> usize {
     (h >> 32) as usize & mask
 }
 
-/// The shards of a pool locked together (in increasing shard index), for an operation on several keys.
-pub(crate) struct ShardGuards<'a> {
-    /// Position in `guards` of each shard's guard (`usize::MAX`: not locked).
-    at: Vec<usize>,
-    pub guards: Vec<MutexGuard<'a, PoolInner>>,
-    mask: usize,
-}
-
-impl ShardGuards<'_> {
-    /// The locked shard of `key` (which must be one of the keys the guards were taken for).
-    pub fn of(&mut self, key: Key) -> &mut PoolInner {
-        let i = self.at[shard_of(key, self.mask)];
-        &mut self.guards[i]
-    }
-}
-
 pub(crate) struct PoolInner {
     /// This shard's index in its pool.
     shard: usize,
@@ -308,6 +292,11 @@ impl Pool {
         self.shards[shard_of(key, self.shard_mask)].lock()
     }
 
+    /// The index of `key`'s shard.
+    pub fn shard_index(&self, key: Key) -> usize {
+        shard_of(key, self.shard_mask)
+    }
+
     /// Locks shard `i`.
     pub fn lock_shard(&self, i: usize) -> MutexGuard<'_, PoolInner> {
         self.shards[i].lock()
@@ -316,22 +305,6 @@ impl Pool {
     /// Locks every shard, in increasing index (destroy, object flushes and migrations).
     pub fn lock_all(&self) -> Vec<MutexGuard<'_, PoolInner>> {
         self.shards.iter().map(|s| s.lock()).collect()
-    }
-
-    /// Locks the shards of `keys`, each once, in increasing index.
-    pub fn lock_keys(&self, keys: &[Key]) -> ShardGuards<'_> {
-        let mut at = vec![usize::MAX; self.shards.len()];
-        for k in keys {
-            at[shard_of(*k, self.shard_mask)] = 0;
-        }
-        let mut guards = Vec::with_capacity(keys.len().min(self.shards.len()));
-        for (i, slot) in at.iter_mut().enumerate() {
-            if *slot == 0 {
-                *slot = guards.len();
-                guards.push(self.shards[i].lock());
-            }
-        }
-        ShardGuards { at, guards, mask: self.shard_mask }
     }
 
     /// The pool's counters: the sum of its shards', each read under its lock in turn (so each part,

@@ -117,6 +117,9 @@ pub struct LimitsConfig {
     /// for the daemon's life (issue 35: 51 to 101 threads and 17 to 34 MB of heap in 11 minutes of
     /// `soak`). Past the limit, blocking work waits for a thread. Default 64.
     pub max_blocking_threads: usize,
+    /// Runtimes serving authenticated sessions, one worker thread and one reactor each (`sessions`):
+    /// 0, the default, is one per available core.
+    pub session_threads: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -567,6 +570,9 @@ impl ServerConfig {
         }
         if l.max_blocking_threads == 0 || l.max_blocking_threads > 4096 {
             return Err(invalid("limits.max_blocking_threads", "must be 1 to 4096"));
+        }
+        if l.session_threads > 1024 {
+            return Err(invalid("limits.session_threads", "must be 0 (one per core) to 1024"));
         }
         if !self.auth.host_admin_token.is_empty() && self.auth.host_admin_token.len() < MIN_TOKEN_LEN {
             return Err(invalid("auth.host_admin_token", "shorter than 16 characters"));

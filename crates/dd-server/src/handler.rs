@@ -343,8 +343,8 @@ fn get_batch(
     let n = keys.len();
     let ks: Vec<Key> = keys.iter().collect();
     // Without co-operative de-duplication (whose misses are fetched from peers into their slots, below)
-    // a non-exclusive pool's hits are appended straight from the engine's frames: one copy per page, no
-    // zero-filled slots to compact.
+    // a non-exclusive pool's hits are copied straight from the engine's frames into their slots of the
+    // response, with no zero-fill first: one copy per page.
     if state.coop.get().is_none() {
         let handle = state.cache.pool_handle(vm, pool)?;
         if !handle.exclusive_gets() {
@@ -352,15 +352,32 @@ fn get_batch(
             out.extend_from_slice(&(n as u32).to_le_bytes());
             let flags_at = out.len();
             out.resize(flags_at + n, 0);
+            let pages_at = out.len();
             out.reserve(n * ps);
+            let mut hit_flags = vec![false; n];
+            let slots = &mut out.spare_capacity_mut()[..n * ps];
             let r = handle.get_batch_each(&ks, &mut |i, page| {
-                out[flags_at + i] = 1;
-                out.extend_from_slice(page);
+                hit_flags[i] = true;
+                copy_into(&mut slots[i * ps..(i + 1) * ps], page);
             });
             if let Err(e) = r {
                 out.truncate(start);
                 return Err(e.into());
             }
+            // Hits to the front, in index order (the engine hands them over shard by shard).
+            let mut w = 0;
+            for (i, hit) in hit_flags.iter().enumerate() {
+                out[flags_at + i] = *hit as u8;
+                if *hit {
+                    if i != w {
+                        out.spare_capacity_mut().copy_within(i * ps..(i + 1) * ps, w * ps);
+                    }
+                    w += 1;
+                }
+            }
+            // SAFETY: the first `w * ps` bytes of the spare capacity are the `w` hits' pages, each
+            // written whole by `copy_into` (a hit's slot) and moved only to a slot below it.
+            unsafe { out.set_len(pages_at + w * ps) };
             finish_response(out, start, Status::OK);
             return Ok(());
         }
@@ -402,4 +419,12 @@ fn get_batch(
     out.truncate(w);
     finish_response(out, start, Status::OK);
     Ok(())
+}
+
+/// Copies `page` into `slot` (same length), initialising it.
+fn copy_into(slot: &mut [std::mem::MaybeUninit<u8>], page: &[u8]) {
+    debug_assert_eq!(slot.len(), page.len());
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`; the slices do not overlap (one is the
+    // response's spare capacity, the other a store frame or a scratch page) and have equal lengths.
+    unsafe { std::ptr::copy_nonoverlapping(page.as_ptr(), slot.as_mut_ptr().cast::<u8>(), page.len()) };
 }

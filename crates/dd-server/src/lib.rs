@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod net;
 pub mod persist;
 pub mod provisioner;
+pub mod sessions;
 pub mod state;
 pub mod tls;
 pub mod ui;
@@ -332,7 +333,11 @@ pub async fn run(
     // authenticated sessions are served here (`handshake` module).
     let hs_thread = handshake::HandshakeThread::start(cfg.limits.handshake_nice)
         .map_err(|e| ServerError::Io(format!("starting the handshake thread: {e}")))?;
-    let sessions = tokio::runtime::Handle::current();
+    let session_rts = Arc::new(
+        sessions::SessionRuntimes::start(cfg.limits.session_threads, cfg.limits.max_blocking_threads)
+            .map_err(|e| ServerError::Io(format!("starting the session runtimes: {e}")))?,
+    );
+    let sessions = session_rts.clone();
     let on_hs = hs_thread.handle().clone();
     if let Some(l) = tcp {
         let (state, stop, done, sessions) =
@@ -345,8 +350,10 @@ pub async fn run(
             stop_rx.clone(),
             accept_tcp(Arc::new(l)),
             move |s| match &tls {
-                Some(a) => net::spawn_tls_connection(&state, &sessions, a, s, stop.clone(), done.clone()),
-                None => net::spawn_connection(&state, &sessions, s, stop.clone(), done.clone()),
+                Some(a) => {
+                    net::spawn_tls_connection(&state, &sessions.pick(), a, s, stop.clone(), done.clone())
+                }
+                None => net::spawn_connection(&state, &sessions.pick(), s, stop.clone(), done.clone()),
             },
         ));
     }
@@ -359,7 +366,7 @@ pub async fn run(
             async move { l.accept().await.map(|(s, _)| s) }
         };
         accept_tasks.push(spawn_accept_loop(&on_hs, "unix", stop_rx.clone(), accept, move |s| {
-            net::spawn_connection(&state, &sessions, s, stop.clone(), done.clone())
+            net::spawn_connection(&state, &sessions.pick(), s, stop.clone(), done.clone())
         }));
     }
     drop(done_tx);
@@ -389,7 +396,7 @@ pub async fn run(
                 let member = c.is_member_address(from.ip());
                 if let Some(slot) = peer_slots.accept(from.ip(), member) {
                     let serve =
-                        coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot, peer_sessions.clone());
+                        coop::serve_peer(c.clone(), st.clone(), s, stop.clone(), slot, peer_sessions.pick());
                     tokio::spawn(serve);
                 }
             },
@@ -475,6 +482,7 @@ pub async fn run(
     if let Some(c) = state.coop.get() {
         c.close();
     }
+    session_rts.shutdown();
     let st = state.clone();
     let _ = tokio::task::spawn_blocking(move || st.cache.quiesce()).await;
     if let Some(p) = unix_path {

@@ -14,7 +14,7 @@ use crate::config::Maintenance;
 use crate::error::CacheError;
 use crate::pool::{Arrival, Departure, Loc, Pool, Saving};
 use crate::store::dedup::Lookup;
-use crate::store::frame::hash_page;
+use crate::store::frame::{hash_page, FrameId};
 use crate::types::{Key, PoolId, PutOutcome, Spec, StoreKind, VmId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -227,14 +227,13 @@ impl PoolHandle {
         self.pool.exclusive_gets
     }
 
-    /// [`Cache::get_batch`] without an output buffer: each hit's page is handed to `hit(index, page)` in
-    /// increasing index order, borrowed from the store where it can be, so the caller copies it once,
-    /// where it wants it (the daemon: straight onto the end of a response). Returns the number of hits.
-    /// In a non-exclusive pool whose hits of the batch are all in
-    /// memory (the common case), the batch takes the pool lock once, looks every key up and prefetches
-    /// the hits' frames, then hands each frame to `hit` in place, still under the lock (which keeps the
-    /// frame from being freed or rewritten): `hit` must be short and must not call into the cache.
-    /// Otherwise the pages are read as by [`Cache::get_batch`] into a buffer first.
+    /// [`Cache::get_batch`] without an output buffer: each hit's page is handed to `hit(index, page)`
+    /// once, borrowed from the store where it can be, so the caller copies it once, where it wants it
+    /// (the daemon: straight into its slot of a response). **Hits come in no particular index order**
+    /// (a sharded pool's shard by shard; a one-shard pool's in increasing index order). In a
+    /// non-exclusive pool each shard's hits are handed over in place, under that shard's lock (which
+    /// keeps the frame from being freed or rewritten): `hit` must be short and must not call into the
+    /// cache. Otherwise the pages are read as by [`Cache::get_batch`] into a buffer first.
     pub fn get_batch_each(
         &self,
         keys: &[Key],
@@ -359,7 +358,7 @@ impl Shared {
     /// Compresses a page into this thread's scratch buffer and stores it in a half frame:
     /// `Ok(Some(half))`; `Ok(None)` when it does not fit a half (the page is then stored raw);
     /// `Err(())` when there is no frame to put the half in.
-    fn store_compressed(&self, p: &Pool, data: &[u8]) -> Result<Option<crate::store::frame::FrameId>, ()> {
+    fn store_compressed(&self, p: &Pool, data: &[u8]) -> Result<Option<FrameId>, ()> {
         thread_local! {
             static HALF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
         }
@@ -377,7 +376,7 @@ impl Shared {
     }
 
     /// Reserves and allocates one memory frame for a put into `p` (evicting if the store is full).
-    fn reserve_frame(&self, p: &Pool) -> Option<crate::store::frame::FrameId> {
+    fn reserve_frame(&self, p: &Pool) -> Option<FrameId> {
         if !self.reserve(StoreKind::Mem, p) {
             return None;
         }
@@ -550,17 +549,11 @@ impl Shared {
 
     fn get_batch_each_in(&self, p: &Arc<Pool>, keys: &[Key], hit: &mut dyn FnMut(usize, &[u8])) -> usize {
         if !p.exclusive_gets {
-            if let Some(n) = self.get_batch_in_memory(p, keys, hit) {
-                return n;
-            }
+            return self.get_batch_in_memory(p, keys, hit);
         }
         let ps = self.page_size;
         let mut buf = vec![0u8; keys.len() * ps];
-        let hits = if p.exclusive_gets {
-            self.get_batch_in(p, keys, &mut buf)
-        } else {
-            self.get_batch_shared_each_key(p, keys, &mut buf)
-        };
+        let hits = self.get_batch_in(p, keys, &mut buf);
         let mut n = 0;
         for (i, page) in buf.chunks_exact(ps.max(1)).enumerate() {
             if hits[i] {
@@ -571,83 +564,76 @@ impl Shared {
         n
     }
 
-    /// A batch of non-exclusive gets whose hits are all in memory (the common case), under the locks
-    /// of the batch's shards (taken together, in increasing shard index): every key is looked up and its frame prefetched before any page is handed to `hit`, so the
-    /// frames' first lines are on their way from memory while the copies run; each hit is handed over
-    /// in place (under the lock, which keeps the frame from being freed or rewritten) and counted, in
-    /// key order, as by one `get_shared` per key. `None`, with nothing counted or touched, when a hit
-    /// is on the SSD (read without the lock and validated after: `get_shared`).
-    fn get_batch_in_memory(
-        &self,
-        p: &Arc<Pool>,
-        keys: &[Key],
-        hit: &mut dyn FnMut(usize, &[u8]),
-    ) -> Option<usize> {
-        let mut g = p.lock_keys(keys);
-        // (index, slot id, frame) of each hit.
-        let mut found: Vec<(usize, u32, crate::store::frame::FrameId)> = Vec::with_capacity(keys.len());
-        for (i, k) in keys.iter().enumerate() {
-            match g.of(*k).lookup_slot(*k) {
-                None => {}
-                Some((id, Loc::Mem(f))) => {
-                    self.mem.prefetch(f);
-                    found.push((i, id, f));
+    /// A batch of non-exclusive gets, each counted and its page handed to `hit` as by one `get_shared`
+    /// per key, **one shard at a time, in shard order** (issue 28: a batch of random keys spans most of
+    /// a pool's shards; holding them all for the batch's copies made every batch a pool-wide lock
+    /// again, and visiting the keys in index order took a shard's lock once per key). Within a shard
+    /// every key is looked up and its frame prefetched before any page is handed over, so the frames'
+    /// first lines are on their way from memory while the copies run; each hit is handed over in place,
+    /// under its shard's lock, which keeps the frame from being freed or rewritten. A one-shard pool
+    /// (the lab's) locks once, and hands its hits over in index order. A hit on the SSD is read after
+    /// the shards, as by `get_shared`, with no lock held. Returns the number of hits.
+    fn get_batch_in_memory(&self, p: &Arc<Pool>, keys: &[Key], hit: &mut dyn FnMut(usize, &[u8])) -> usize {
+        let order = by_shard(p, keys);
+        let mut found: Vec<(usize, u32, FrameId)> = Vec::with_capacity(keys.len());
+        let mut on_ssd: Vec<usize> = Vec::new();
+        let mut n = 0;
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            let mut g = p.lock_shard(group[0].0 as usize);
+            found.clear();
+            for &(_, i) in group {
+                let i = i as usize;
+                match g.lookup_slot(keys[i]) {
+                    None => g.counters.gets_missed += 1,
+                    Some((id, Loc::Mem(f))) => {
+                        self.mem.prefetch(f);
+                        found.push((i, id, f));
+                    }
+                    Some((_, Loc::Ssd(_))) => on_ssd.push(i),
                 }
-                Some((_, Loc::Ssd(_))) => return None,
+            }
+            for &(i, id, f) in &found {
+                self.mem.with_page(f, |page| hit(i, page));
+                g.counters.mem.gets_hit += 1;
+                g.touch_in(id, StoreKind::Mem);
+            }
+            n += found.len();
+        }
+        if !on_ssd.is_empty() {
+            let mut page = vec![0u8; self.page_size];
+            for i in on_ssd {
+                if self.get_shared(p, keys[i], &mut page).is_some() {
+                    hit(i, &page);
+                    n += 1;
+                }
             }
         }
-        let mut next = 0;
-        for (i, k) in keys.iter().enumerate() {
-            let s = g.of(*k);
-            match found.get(next) {
-                Some(&(j, id, f)) if j == i => {
-                    self.mem.with_page(f, |page| hit(i, page));
-                    s.counters.mem.gets_hit += 1;
-                    s.touch_in(id, StoreKind::Mem);
-                    next += 1;
-                }
-                _ => s.counters.gets_missed += 1,
-            }
-        }
-        Some(found.len())
-    }
-
-    /// Non-exclusive gets of a batch one key at a time (a batch with pages on the SSD).
-    fn get_batch_shared_each_key(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
-        let ps = self.page_size;
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| self.get_shared(p, *k, &mut out[i * ps..(i + 1) * ps]).is_some())
-            .collect()
+        n
     }
 
     fn get_batch_in(&self, p: &Arc<Pool>, keys: &[Key], out: &mut [u8]) -> Vec<bool> {
         let ps = self.page_size;
         if !p.exclusive_gets {
             let mut hits = vec![false; keys.len()];
-            let copied = self.get_batch_in_memory(p, keys, &mut |i, page| {
+            self.get_batch_in_memory(p, keys, &mut |i, page| {
                 out[i * ps..(i + 1) * ps].copy_from_slice(page);
                 hits[i] = true;
             });
-            return match copied {
-                Some(_) => hits,
-                None => self.get_batch_shared_each_key(p, keys, out),
-            };
+            return hits;
         }
         let mut hits = vec![false; keys.len()];
         let mut taken: Vec<(usize, Loc)> = Vec::with_capacity(keys.len());
-        {
-            let mut g = p.lock_keys(keys);
-            for (i, k) in keys.iter().enumerate() {
-                let s = g.of(*k);
-                match s.take(*k, Departure::ExclusiveGet, |l| self.prefetch(l)) {
+        // One shard lock at a time, as in `get_batch_in_memory`; the copies come after, unlocked.
+        for group in by_shard(p, keys).chunk_by(|a, b| a.0 == b.0) {
+            let mut g = p.lock_shard(group[0].0 as usize);
+            for &(_, i) in group {
+                let i = i as usize;
+                match g.take(keys[i], Departure::ExclusiveGet, |l| self.prefetch(l)) {
                     Some(loc) => taken.push((i, loc)),
-                    None => s.counters.gets_missed += 1,
+                    None => g.counters.gets_missed += 1,
                 }
             }
-            for s in &g.guards {
-                p.publish(s);
-            }
+            p.publish(&g);
         }
         let mut ssd_reqs: Vec<(usize, crate::store::ssd::SlotId)> = Vec::new();
         let mut locs = Vec::with_capacity(taken.len());
@@ -679,5 +665,76 @@ impl Shared {
         }
         self.free_locs(&locs);
         hits
+    }
+}
+
+/// The batch's (shard, key index) pairs, sorted: each shard's keys together, in index order, the
+/// shards in increasing index (a batch visits them so, one lock at a time).
+fn by_shard(p: &Pool, keys: &[Key]) -> Vec<(u32, u32)> {
+    let mut order: Vec<(u32, u32)> =
+        keys.iter().enumerate().map(|(i, k)| (p.shard_index(*k) as u32, i as u32)).collect();
+    order.sort_unstable();
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Maintenance, MemStoreConfig};
+    use crate::{Cache, EngineConfig, Key, PoolOptions, Spec, VmId, VmWeights};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Issue 28: a batched get took the locks of every shard its keys touched, in increasing index,
+    /// and held them for the whole batch, copies included. A batch waiting for one busy shard then
+    /// held the others, so a get on any of them waited too: with random keys every batch was a
+    /// pool-wide lock again, and the daemon serving one pool stopped at a few cores. Now a batch
+    /// holds one shard lock at a time.
+    #[test]
+    fn regression_a_batched_get_held_every_shard_it_touched_while_waiting_for_one() {
+        for exclusive in [false, true] {
+            let cfg = EngineConfig {
+                page_size_bytes: 512,
+                mem: MemStoreConfig { capacity_bytes: 256 * 512, ..Default::default() },
+                ssd: None,
+                maintenance: Maintenance::Inline,
+                ..Default::default()
+            };
+            let cache = Cache::new(cfg).unwrap();
+            cache.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
+            let mut opts = PoolOptions::ephemeral(Spec::Mem { weight: 1 }).with_shards(4);
+            opts.exclusive_gets = exclusive;
+            let id = cache.new_pool(VmId(1), opts).unwrap();
+            let pool = cache.shared.pool(VmId(1), id).unwrap();
+            // Two keys in different shards, `low` in the lower one (a batch visits it first).
+            let keys: Vec<Key> = (0..64).map(|o| Key::new(o, 0)).collect();
+            let low = *keys.iter().min_by_key(|k| pool.shard_index(**k)).unwrap();
+            let high = *keys.iter().find(|k| pool.shard_index(**k) > pool.shard_index(low)).unwrap();
+            for k in [low, high] {
+                cache.put(VmId(1), id, k, &[k.object as u8; 512]).unwrap();
+            }
+            let busy = pool.lock_shard(pool.shard_index(high));
+            std::thread::scope(|s| {
+                let handle = cache.pool_handle(VmId(1), id).unwrap();
+                // The batch gets `low`'s shard, then waits for `high`'s.
+                s.spawn(move || handle.get_batch_each(&[low, high], &mut |_, _| {}).unwrap());
+                std::thread::sleep(Duration::from_millis(100));
+                // A get on `low`'s shard alone must not wait for the batch that waits for `high`'s (it
+                // hits, or in an exclusive pool misses the page the batch took).
+                let (tx, rx) = mpsc::channel();
+                let c = &cache;
+                s.spawn(move || {
+                    let mut out = [0u8; 512];
+                    tx.send(c.get(VmId(1), id, low, &mut out).unwrap()).unwrap();
+                });
+                let got = rx.recv_timeout(Duration::from_secs(5));
+                drop(busy);
+                assert_eq!(
+                    got,
+                    Ok(!exclusive),
+                    "exclusive {exclusive}: a get on a shard the waiting batch had visited waited for it"
+                );
+            });
+            cache.check_identity().unwrap();
+        }
     }
 }
