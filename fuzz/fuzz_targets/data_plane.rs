@@ -144,9 +144,7 @@ impl World {
         match req {
             Req::CreatePool { persistent, order, exclusive, spec } => {
                 let kind = if *persistent { PoolKind::Persistent } else { PoolKind::Ephemeral };
-                let order =
-                    [EvictionOrder::Fifo, EvictionOrder::Lru, EvictionOrder::Clock, EvictionOrder::S3Fifo]
-                        [*order as usize % 4];
+                let order = EvictionOrder::ALL[*order as usize % EvictionOrder::ALL.len()];
                 let opts =
                     PoolOptions { kind, spec: spec.spec(), order, exclusive_gets: *exclusive, shards: 0 };
                 Request::CreatePool(opts).encode(v, id, &mut out)

@@ -43,7 +43,7 @@ use crate::data_plane::{self, KeyIn, PoolRef, SpecIn, Step, MAX_BATCH};
 use crate::engine_model::{self as em, Op};
 use crate::peer_handler::{self as ph, Handle, Who, HELD, PAGES};
 use dd_coop::wire::{self as pw, PeerRequest, PeerResponse};
-use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, Spec};
+use dd_engine::{Key, PoolId, PoolKind, PoolOptions, Spec};
 use dd_proto::frame::split_frame;
 use dd_proto::{Request, Response, HEADER_LEN};
 use dd_server::capture::{Channel, Direction, Recording};
@@ -309,18 +309,9 @@ impl DpPools {
 fn create_req(o: &PoolOptions) -> data_plane::Req {
     data_plane::Req::CreatePool {
         persistent: o.kind == PoolKind::Persistent,
-        order: order_code(o.order),
+        order: o.order.wire_code(),
         exclusive: o.exclusive_gets,
         spec: SpecIn::of(o.spec),
-    }
-}
-
-fn order_code(o: EvictionOrder) -> u8 {
-    match o {
-        EvictionOrder::Fifo => 0,
-        EvictionOrder::Lru => 1,
-        EvictionOrder::Clock => 2,
-        EvictionOrder::S3Fifo => 3,
     }
 }
 
@@ -470,7 +461,7 @@ fn spec_code(s: Spec) -> (u8, u32) {
 fn em_recreate(vm: u32, slot: usize, o: &PoolOptions) -> [Op; 2] {
     let (spec, w) = spec_code(o.spec);
     [
-        Op::Recreate { vm, slot, persistent: o.kind == PoolKind::Persistent, order: order_code(o.order) },
+        Op::Recreate { vm, slot, persistent: o.kind == PoolKind::Persistent, order: o.order.wire_code() },
         Op::SetSpec { vm, slot, spec, w },
     ]
 }

@@ -131,7 +131,7 @@ pub fn run(o: &RemoteBenchOptions) -> Result<RemoteBenchReport, RemoteBenchError
     }
     // The VM's pages are shared with peers: it is in the co-operative group.
     let vm = BenchVm { dedup_group: "peers".into(), ..BenchVm::new(1) };
-    let (pb, pc) = (free_port()?, free_port()?);
+    let (pb, pc) = (free_port().map_err(DaemonError::from)?, free_port().map_err(DaemonError::from)?);
     let keys = tempfile::tempdir().map_err(DaemonError::from)?;
     let (nb, nc) = (
         BenchNode::new("b", pb, keys.path()).map_err(DaemonError::from)?,

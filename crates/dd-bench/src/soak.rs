@@ -50,16 +50,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Errors that stop the soak before its checks (a failed check is a report with `pass = false`).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SoakError {
-    #[error("invalid option {field}: {reason}")]
-    InvalidOption { field: &'static str, reason: String },
-    #[error(transparent)]
-    Daemon(#[from] DaemonError),
-    #[error("client: {0}")]
-    Client(#[from] dd_client::ClientError),
-}
+pub type SoakError = crate::daemon::LoadError;
 
 /// Options of `soak`.
 #[derive(Debug, Clone)]

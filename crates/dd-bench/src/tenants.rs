@@ -33,7 +33,7 @@
 //!
 //! The attacks are in [`attacks`]; their configuration (the daemon's limits) is in [`daemon_toml`].
 
-use crate::daemon::{free_port, BenchVm, Daemon, DaemonError, DaemonOptions};
+use crate::daemon::{free_port, BenchVm, Daemon, DaemonOptions};
 use dd_client::Client;
 use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, Spec};
 use hdrhistogram::Histogram;
@@ -52,18 +52,7 @@ mod tally;
 pub use attacks::Attack;
 
 /// Errors that stop the benchmark (a failed check is a report with `pass = false`).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TenantsBenchError {
-    #[error("invalid option {field}: {reason}")]
-    InvalidOption { field: &'static str, reason: String },
-    #[error(transparent)]
-    Daemon(#[from] DaemonError),
-    #[error("client: {0}")]
-    Client(#[from] dd_client::ClientError),
-    #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
-}
+pub type TenantsBenchError = crate::daemon::LoadError;
 
 type Result<T> = std::result::Result<T, TenantsBenchError>;
 

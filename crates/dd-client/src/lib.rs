@@ -28,11 +28,11 @@ pub mod tls;
 pub use reconnect::{Backoff, BackoffPolicy, Endpoint, Link, PoolRef, Session};
 pub use tls::{TlsClient, TlsError};
 
-use dd_engine::{Key, PoolId, PoolOptions, PoolStats, PutOutcome, Spec, VmStats};
 use dd_proto::frame::{split_frame, Header};
 use dd_proto::{
     KeyList, ProtoError, Request, Response, Status, HEADER_LEN, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
+use dd_types::{Key, PoolId, PoolOptions, PoolStats, PutOutcome, Spec, VmStats};
 use std::collections::VecDeque;
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};

@@ -19,7 +19,7 @@
 //! that many guests do not reconnect in step). Locks here are leaves.
 
 use crate::{Client, ClientError, Result};
-use dd_engine::PoolId;
+use dd_types::PoolId;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -355,7 +355,7 @@ impl Session {
     }
 
     /// CREATE_CGROUP, bound to the instance that answered.
-    pub fn create_pool(&mut self, opts: dd_engine::PoolOptions) -> Result<PoolRef> {
+    pub fn create_pool(&mut self, opts: dd_types::PoolOptions) -> Result<PoolRef> {
         let instance = self.connect()?;
         let id = self.call(|c| c.create_cgroup(opts))?;
         Ok(PoolRef { id, instance })

@@ -23,7 +23,8 @@
 //! Module map: [`cache`] (public API, eviction, hybrid maintenance, lock order), `pool` (one pool's index
 //! and queues), `order` (FIFO/LRU/CLOCK/S3-FIFO), [`policy`] (entitlements and Algorithm 1),
 //! [`store`] (memory arena and SSD file), [`stats`] (counters and the identity), [`config`], [`error`],
-//! [`types`], [`names`] (what a name given to the system may be).
+//! [`types`] and [`names`] (`dd-types`' modules, re-exported: the vocabulary the guest's crates share
+//! without building the engine).
 
 /// An invariant check: a `debug_assert!` normally, a hard `assert!` with the `strict-invariants`
 /// feature (the test suite's configuration for release-mode runs).
@@ -39,7 +40,6 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub mod lockprof;
-pub mod names;
 pub(crate) mod order;
 mod page_map;
 pub mod policy;
@@ -49,7 +49,9 @@ pub mod stats;
 pub mod store;
 #[cfg(test)]
 mod test_util;
-pub mod types;
+
+// The vocabulary lives in dd-types (D35); its modules keep their engine paths.
+pub use dd_types::{names, types};
 
 pub use cache::{Cache, GetOutcome, PoolHandle};
 pub use config::EngineConfig;

@@ -171,7 +171,7 @@ pub fn read_state(path: &Path) -> BTreeMap<String, PoolRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dd_engine::PoolId;
+    use dd_types::PoolId;
 
     #[test]
     fn proc_cgroup_v1_and_v2() {

@@ -24,8 +24,8 @@
 //! its object under its own exclusive lock, see `frontend.rs`).
 
 use dd_client::{Client, ClientError, Link, PoolRef};
-use dd_engine::PoolId;
 use dd_guest::watch::DaemonConfig;
+use dd_types::PoolId;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 

@@ -29,7 +29,7 @@
 //! behind, unowned, until the VM's pools are reset; the window is one request.)
 
 use dd_client::{BackoffPolicy, ClientError, Endpoint, PoolRef, Session};
-use dd_engine::{PoolId, PoolKind, PoolOptions, Spec};
+use dd_types::{PoolId, PoolKind, PoolOptions, Spec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -12,7 +12,7 @@
 use crate::frame::{begin_response, finish_response, Header, Op, HEADER_LEN};
 use crate::status::Status;
 use crate::{ProtoError, MAX_TOKEN_BYTES};
-use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind};
+use dd_types::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, PutOutcome, Spec, StoreKind};
 
 /// Bytes of one key on the wire: object u64, index u64.
 pub const KEY_LEN: usize = 16;
@@ -213,15 +213,6 @@ fn put_key(out: &mut Vec<u8>, k: Key) {
     out.extend_from_slice(&k.index.to_le_bytes());
 }
 
-fn order_to_u8(o: EvictionOrder) -> u8 {
-    match o {
-        EvictionOrder::Fifo => 0,
-        EvictionOrder::Lru => 1,
-        EvictionOrder::Clock => 2,
-        EvictionOrder::S3Fifo => 3,
-    }
-}
-
 fn outcome_to_u8(o: PutOutcome) -> u8 {
     match o {
         PutOutcome::Refused => 0,
@@ -283,13 +274,8 @@ impl<'a> Request<'a> {
                     1 => PoolKind::Persistent,
                     _ => return Err(r.err("unknown pool kind")),
                 };
-                let order = match r.u8()? {
-                    0 => EvictionOrder::Fifo,
-                    1 => EvictionOrder::Lru,
-                    2 => EvictionOrder::Clock,
-                    3 => EvictionOrder::S3Fifo,
-                    _ => return Err(r.err("unknown eviction order")),
-                };
+                let order =
+                    EvictionOrder::from_wire_code(r.u8()?).ok_or_else(|| r.err("unknown eviction order"))?;
                 let exclusive_gets = match r.u8()? {
                     0 => false,
                     1 => true,
@@ -348,7 +334,7 @@ impl<'a> Request<'a> {
                     PoolKind::Ephemeral => 0,
                     PoolKind::Persistent => 1,
                 });
-                out.push(order_to_u8(o.order));
+                out.push(o.order.wire_code());
                 out.push(o.exclusive_gets as u8);
                 put_spec(out, &o.spec);
             }

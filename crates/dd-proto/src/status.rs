@@ -1,10 +1,10 @@
 //! Stable status codes of the data plane.
 //!
-//! 0 is success. Codes 10-99 are the engine's (`dd_engine::CacheError::code()`, reused unchanged so a
+//! 0 is success. Codes 10-99 are the engine's (`dd_types::CacheError::code()`, reused unchanged so a
 //! client sees the same number the engine defines); 100 and up are the protocol's own. A code is never
 //! reused for another meaning; new codes are only ever added. `docs/protocol.md` lists them all.
 
-use dd_engine::CacheError;
+use dd_types::CacheError;
 use std::fmt;
 
 /// A status code as carried in the frame header of a response.
@@ -93,7 +93,7 @@ impl fmt::Display for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dd_engine::{PoolId, StoreKind, VmId};
+    use dd_types::{PoolId, StoreKind, VmId};
 
     #[test]
     fn engine_codes_keep_their_engine_names() {

@@ -25,7 +25,7 @@
 use crate::config::ProvisionConfig;
 use crate::error::ProvisionError;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
-use dd_engine::Spec;
+use dd_types::Spec;
 use serde::{Deserialize, Serialize};
 
 /// What the VM has to give: its memory for containers and its entitlements in the two stores, pages.

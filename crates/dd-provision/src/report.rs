@@ -9,7 +9,7 @@
 
 use crate::feedback::{Source, TargetState};
 use crate::model::Target;
-use dd_engine::Spec;
+use dd_types::Spec;
 use serde::{Deserialize, Serialize};
 
 /// Most containers one report may name.
@@ -90,7 +90,7 @@ pub struct ReportError {
 }
 
 fn check_name(field: String, n: &str) -> Result<(), ReportError> {
-    if dd_engine::names::name_problem(n, MAX_NAME_BYTES).is_some() {
+    if dd_types::names::name_problem(n, MAX_NAME_BYTES).is_some() {
         let reason = "a name of 1 to 128 bytes without control, direction or invisible characters";
         return Err(ReportError { field, reason });
     }

@@ -2,7 +2,7 @@
 //! cover, a file set the cache covers, a hybrid split, infeasibility), and the programme's optimality on
 //! the grid against brute force over every allocation.
 
-use dd_engine::Spec;
+use dd_types::Spec;
 mod common;
 
 use common::*;

@@ -1,22 +1,24 @@
 //! The `doubledecker` command line. Thin: parses arguments, calls into the library crates, prints.
 #![forbid(unsafe_code)] // nothing here needs it: unsafe code lives in dd-engine, dd-fuse, dd-memctl and the few FFI calls of the other crates
 
+// `outln!`, `out!`, `errln!`: the printing that never panics, shared with the guest's binary
+// (`doubledecker_guest::out`).
 #[macro_use]
-mod out;
+extern crate doubledecker_guest;
+
 mod admin_cli;
 mod bench;
 mod bench_tenants;
-mod guest;
 mod lab;
 mod lab_sweep;
 mod memctl;
-mod mount;
 mod mrc;
 mod serve;
 mod soak;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use doubledecker_guest::{guest, mount};
 
 /// DoubleDecker: differentiated, deterministic memory for containers in virtual machines.
 #[derive(Parser, Debug)]
@@ -87,24 +89,8 @@ enum Command {
     },
 }
 
-/// Whether log lines carry colour: on a terminal, unless `NO_COLOR` is set to anything non-empty.
-fn log_colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
-    terminal && no_color.is_none_or(|v| v.is_empty())
-}
-
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: escape codes in a journal or a log file are noise
-        // (issue 31), and NO_COLOR (no-color.org) turns them off anywhere.
-        .with_ansi(log_colour(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .init();
+    doubledecker_guest::logging::init();
     let cli = Cli::parse();
     match cli.command {
         Command::Bench { which } => bench::run(which),

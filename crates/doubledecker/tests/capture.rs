@@ -97,7 +97,7 @@ fn the_environment_turns_capture_on_within_its_connection_bound() {
     let cap = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready.json");
-    let cfg = dd_bench::daemon::ServeConfig {
+    let cfg = dd_daemonkit::ServeConfig {
         data_dir: dir.path(),
         ready_file: &ready,
         unix_socket: "",

@@ -129,8 +129,9 @@ pub fn spec_of(code: u8, w: u32) -> Spec {
     }
 }
 
+/// Any byte picks an order: every order of the wire table (`EvictionOrder::ALL`), a new one included.
 pub fn order_of(code: u8) -> EvictionOrder {
-    [EvictionOrder::Fifo, EvictionOrder::Lru, EvictionOrder::Clock, EvictionOrder::S3Fifo][code as usize % 4]
+    EvictionOrder::ALL[code as usize % EvictionOrder::ALL.len()]
 }
 
 pub fn gen_op(rng: &mut impl Rng) -> Op {

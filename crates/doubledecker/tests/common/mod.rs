@@ -1,7 +1,8 @@
 //! Test harness: starts the real `doubledecker serve` binary on a temporary data folder with
 //! ephemeral ports, reads its ready file, and stops it with SIGTERM. The configuration file and the
-//! start-up are the benchmarks' (`dd_bench::daemon::{ServeConfig, spawn_serve}`): one way to start a
-//! daemon for both; this module adds what tests need on top (Unix socket, restarts, logs, clients).
+//! start-up are `dd-daemonkit`'s (`ServeConfig`, `spawn_serve`), which the benchmarks' daemons use too:
+//! one way to start a daemon for both; this module adds what tests need on top (Unix socket, restarts,
+//! logs, clients).
 #![allow(dead_code)]
 
 pub mod raw;
@@ -73,7 +74,7 @@ impl Daemon {
     fn start_inner(vms: &[&TestVm], top: &str, mem: &str, extra: &str, logged: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
-        let cfg = dd_bench::daemon::ServeConfig {
+        let cfg = dd_daemonkit::ServeConfig {
             data_dir: dir.path(),
             ready_file: &ready,
             unix_socket: "dd.sock",
@@ -207,8 +208,8 @@ fn spawn_and_wait(
     cfg: &std::path::Path,
     ready: &std::path::Path,
     stderr: Stdio,
-) -> (Child, dd_bench::daemon::Bound) {
-    dd_bench::daemon::spawn_serve(&dd_bin(), cfg, ready, Stdio::inherit(), stderr)
+) -> (Child, dd_daemonkit::Bound) {
+    dd_daemonkit::spawn_serve(&dd_bin(), cfg, ready, Stdio::inherit(), stderr)
         .unwrap_or_else(|e| panic!("start doubledecker serve: {e}"))
 }
 

@@ -13,7 +13,7 @@ pub const MEM_PAGES: u64 = 256;
 
 /// A free loopback port (bound, read and released; the daemon binds it right after).
 pub fn free_port() -> u16 {
-    dd_bench::daemon::free_port().unwrap()
+    dd_daemonkit::free_port().unwrap()
 }
 
 /// A daemon-to-be: its name, peer-listener port and its own key (in a file of its own).

@@ -151,7 +151,7 @@ fn page_bytes(seed: u64, object: u64, index: u64, out: &mut [u8]) {
 }
 
 fn pages(a: PagesArgs) -> Result<()> {
-    use dd_engine::{Key, PoolId, PoolOptions, PutOutcome, Spec};
+    use dd_types::{Key, PoolId, PoolOptions, PutOutcome, Spec};
     let mut c = dd_client::Client::connect_tcp(&a.tcp, a.vm, &a.token)
         .with_context(|| format!("connecting to {} as VM {}", a.tcp, a.vm))?;
     let pool = match a.pool {

@@ -2,15 +2,16 @@
 //!
 //! `println!` panics when standard output is a pipe whose reader is gone (`doubledecker lab list |
 //! head -1`): Rust ignores SIGPIPE, so the write fails with `EPIPE` and the macro turns that into a
-//! panic. Every command of this binary prints through [`outln!`] / [`out!`] (and [`errln!`] for
+//! panic. Every command of both binaries (`doubledecker`, which takes these macros from this crate, and
+//! `doubledecker-guest`) prints through [`outln!`] / [`out!`] (and [`errln!`] for
 //! standard error) instead: the first failed write marks the stream closed, later writes are dropped,
 //! and the command goes on to its normal end. That is the right behaviour for all of them: the
 //! long-running ones (`memctl run`, `guest watch`, `mount`, `serve`) must finish what they do (restore a
 //! lowered limit, destroy their pools, unmount) whoever reads their output, and the short ones have
 //! nothing left to say once nobody listens. The exit status stays that of the command.
 //!
-//! Invariant: nothing in this crate writes to the standard streams except through this module (a test,
-//! `closed_pipe`, runs every command with both streams closed).
+//! Invariant: nothing in either binary's crate writes to the standard streams except through this
+//! module (a test, `closed_pipe`, runs every command with both streams closed).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,17 +41,20 @@ pub fn stderr(args: std::fmt::Arguments<'_>, newline: bool) {
 }
 
 /// `println!` that never panics (see the module documentation).
+#[macro_export]
 macro_rules! outln {
     () => { $crate::out::stdout(format_args!(""), true) };
     ($($t:tt)*) => { $crate::out::stdout(format_args!($($t)*), true) };
 }
 
 /// `print!` that never panics.
+#[macro_export]
 macro_rules! out {
     ($($t:tt)*) => { $crate::out::stdout(format_args!($($t)*), false) };
 }
 
 /// `eprintln!` that never panics.
+#[macro_export]
 macro_rules! errln {
     ($($t:tt)*) => { $crate::out::stderr(format_args!($($t)*), true) };
 }
