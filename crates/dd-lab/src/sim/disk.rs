@@ -284,7 +284,8 @@ mod tests {
             x ^= x << 17;
             t += x % 400;
             let issue = t.saturating_sub(x % 150);
-            let (k, pages, write) = (if x % 3 == 0 { i } else { x % 10_000 }, 1 + x % 8, x % 5 == 0);
+            let (k, pages, write) =
+                (if x.is_multiple_of(3) { i } else { x % 10_000 }, 1 + x % 8, x.is_multiple_of(5));
             assert_eq!(f.io(1, issue, k, pages, write), q.io(1, issue, k, pages, write), "request {i}");
         }
     }
