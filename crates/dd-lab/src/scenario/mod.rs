@@ -131,8 +131,9 @@ pub enum DiskScheduler {
     /// One first-come-first-served queue for every container (the lab's model before issue 34).
     #[default]
     Fifo,
-    /// A queue per container, each served at its `io_weight`'s share of the containers with requests
-    /// outstanding (Linux's CFQ, BFQ, `io.weight`).
+    /// A queue per container (and one for asynchronous write-back), the disk's time shared among the
+    /// queues with work outstanding by `io_weight`: generalised processor sharing, the fluid that
+    /// Linux's CFQ, BFQ and `io.weight` approximate (D34).
     Fair,
 }
 

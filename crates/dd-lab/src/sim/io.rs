@@ -256,12 +256,12 @@ impl<B: SecondChance> Sim<B> {
                     // are written one after the other: the swap device sees a sequential stream, not a
                     // seek per page (which queued minutes of writes behind a balloon of a few GiB).
                     self.swap_slot = self.swap_slot.wrapping_add(1);
-                    self.disk.io(c, *t, key(SWAP_OBJECT, self.swap_slot), 1, true);
+                    self.disk.write_back(c, *t, key(SWAP_OBJECT, self.swap_slot));
                 }
                 continue;
             }
             if e.dirty {
-                self.disk.io(c, *t, e.key, 1, true);
+                self.disk.write_back(c, *t, e.key);
                 self.cts[c].tot.writebacks += 1;
             }
             if let Some(p) = self.cts[c].pool {
