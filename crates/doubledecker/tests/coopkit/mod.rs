@@ -87,8 +87,10 @@ fn start_node_as(
     logged: bool,
     coop: &str,
 ) -> Daemon {
+    // One shard per pool: these tests count the pages evicted (and so remotified) in their pool's exact
+    // FIFO order, which a sharded pool only approximates (docs/decisions.md D33).
     let mut extra = format!(
-        "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
+        "[engine]\neviction_batch_bytes = 65536\npool_shards = 1\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
          node_name = {:?}\ndedup_group = \"peers\"\nkey_file = {:?}\npublish_interval_ms = 3600000\nrequest_timeout_ms = 5000\n\
          connect_timeout_ms = 5000\npeer_backoff_ms = 500\n",
         me.port,
@@ -286,8 +288,9 @@ pub fn start_etcd_node(
         ));
     }
     members_toml.push_str("]\n");
+    // One shard per pool, as in `start_node_as`: exact eviction order.
     let extra = format!(
-        "[engine]\neviction_batch_bytes = 65536\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
+        "[engine]\neviction_batch_bytes = 65536\npool_shards = 1\n[coop]\nenabled = true\nlisten = \"127.0.0.1:{}\"\n\
          node_name = {:?}\ndedup_group = \"peers\"\nkey_file = {:?}\nmembership = \"etcd\"\npublish_interval_ms = 3600000\n\
          request_timeout_ms = 5000\nconnect_timeout_ms = 5000\npeer_backoff_ms = 500\n{members_toml}\
          [coop.bloom]\nm_bits = 1048576\nk_hashes = 7\n[coop.etcd]\nendpoint = {:?}\nprefix = \"/dd-test/\"\n\
