@@ -12,7 +12,10 @@ use dd_lab::{bundled, run_scenario, RunOptions};
 #[test]
 fn a_scenario_gives_the_same_summary_in_process_and_against_the_daemon() {
     // The lab's engine settings (dd_lab::sim::backend::engine_config): 512-byte pages, inline maintenance.
-    let mut d = common::Daemon::start(&[], "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\n");
+    let mut d = common::Daemon::start(
+        &[],
+        "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\npool_shards = 1\n",
+    );
     // Figures 3/4: five variants, global and partitioned modes, containers starting late.
     let sc = bundled::get("fig3-4-global-share").unwrap();
     let local = RunOptions { scale: Some(0.01), ..Default::default() };
@@ -53,7 +56,10 @@ fn a_daemon_with_another_page_size_is_refused() {
 
 #[test]
 fn lab_run_with_daemon_flags_writes_the_same_summary() {
-    let mut d = common::Daemon::start(&[], "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\n");
+    let mut d = common::Daemon::start(
+        &[],
+        "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\npool_shards = 1\n",
+    );
     let out = tempfile::tempdir().unwrap();
     let run = |dir: &str, extra: &[&str]| {
         let st = std::process::Command::new(env!("CARGO_BIN_EXE_doubledecker"))
@@ -77,7 +83,10 @@ fn lab_run_with_daemon_flags_writes_the_same_summary() {
 /// falls back to the daemon's token file.
 #[test]
 fn regression_lab_run_did_not_read_the_token_file() {
-    let mut d = common::Daemon::start(&[], "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\n");
+    let mut d = common::Daemon::start(
+        &[],
+        "[engine]\npage_size_bytes = 512\nmaintenance = \"inline\"\npool_shards = 1\n",
+    );
     let out = tempfile::tempdir().unwrap();
     let token_file = out.path().join("admin.token");
     std::fs::write(&token_file, format!("{}\n", common::HOST_TOKEN)).unwrap();
