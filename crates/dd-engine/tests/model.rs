@@ -93,6 +93,21 @@ fn long_seeded_run_agrees_with_the_model() {
     assert!(t.migrations_in > 100 && t.puts_refused > 100, "{t:?}");
 }
 
+/// An operation of a run over a failing disk: one in a hundred starts a fault, one in a hundred heals
+/// the disk, the rest are `gen_op`'s.
+fn gen_op_over_failing_disk(rng: &mut impl Rng) -> Op {
+    match rng.gen_range(0..100) {
+        0 => Op::Fault {
+            op: rng.gen(),
+            after: rng.gen_range(0..40),
+            kind: rng.gen(),
+            times: rng.gen_range(1..20),
+        },
+        1 => Op::Heal,
+        _ => gen_op(rng),
+    }
+}
+
 /// The model run over a failing disk (issue 17): every so often the SSD store's reads, writes or
 /// extensions start failing (EIO, ENOSPC, short transfers) and later heal. Every hit must still be the
 /// latest put, and every persistent page the model holds but the cache lost must be in `pages_lost`.
@@ -101,17 +116,7 @@ fn long_seeded_run_over_a_failing_disk_agrees_with_the_model() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xFA_17ED);
     let mut h = Harness::with_faults(13);
     for _ in 0..40_000 {
-        let op = match rng.gen_range(0..100) {
-            0 => Op::Fault {
-                op: rng.gen(),
-                after: rng.gen_range(0..40),
-                kind: rng.gen(),
-                times: rng.gen_range(1..20),
-            },
-            1 => Op::Heal,
-            _ => gen_op(&mut rng),
-        };
-        h.apply(&op);
+        h.apply(&gen_op_over_failing_disk(&mut rng));
     }
     h.cache.quiesce();
     h.cache.check_invariants().unwrap();
@@ -148,17 +153,7 @@ fn long_seeded_run_over_a_failing_disk_with_sharded_pools_agrees_with_the_model(
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xFA17_ED5A);
     let mut h = Harness::sharded_with_faults(19, 4);
     for _ in 0..30_000 {
-        let op = match rng.gen_range(0..100) {
-            0 => Op::Fault {
-                op: rng.gen(),
-                after: rng.gen_range(0..40),
-                kind: rng.gen(),
-                times: rng.gen_range(1..20),
-            },
-            1 => Op::Heal,
-            _ => gen_op(&mut rng),
-        };
-        h.apply(&op);
+        h.apply(&gen_op_over_failing_disk(&mut rng));
     }
     h.cache.quiesce();
     h.cache.check_invariants().unwrap();
