@@ -73,6 +73,16 @@ impl BenchVm {
     }
 }
 
+/// The pool the benchmarks load through a daemon (`bench server`, `bench tenants`): an ephemeral memory
+/// pool of weight 100 whose gets leave the page, so every get of a filled key space hits; FIFO; the
+/// daemon's shard count.
+pub fn load_pool() -> dd_engine::PoolOptions {
+    dd_engine::PoolOptions {
+        exclusive_gets: false,
+        ..dd_engine::PoolOptions::ephemeral(dd_engine::Spec::Mem { weight: 100 })
+    }
+}
+
 /// The host admin token of a benchmark daemon.
 pub const HOST_TOKEN: &str = "bench-host-admin-token-000001";
 

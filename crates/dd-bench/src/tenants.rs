@@ -35,7 +35,7 @@
 
 use crate::daemon::{free_port, BenchVm, Daemon, DaemonOptions};
 use dd_client::Client;
-use dd_engine::{EvictionOrder, Key, PoolId, PoolKind, PoolOptions, Spec};
+use dd_engine::{Key, PoolId};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -439,13 +439,7 @@ pub fn run(o: &TenantsBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Te
         relay,
         member: dd_coop::identity::parse_secret(&member.key.secret_text()).expect("a key just made"),
     };
-    let pool = Client::connect_tcp(d.tcp, a.id, &a.data_token)?.create_cgroup(PoolOptions {
-        kind: PoolKind::Ephemeral,
-        spec: Spec::Mem { weight: 100 },
-        order: EvictionOrder::default(),
-        exclusive_gets: false,
-        shards: 0,
-    })?;
+    let pool = Client::connect_tcp(d.tcp, a.id, &a.data_token)?.create_cgroup(crate::daemon::load_pool())?;
     let mut threads: Vec<LoadThread> = (0..o.threads as u64)
         .map(|t| LoadThread {
             t,

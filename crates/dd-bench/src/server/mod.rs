@@ -47,7 +47,6 @@
 //! op sequence means the same thing on both servers and both keep the whole key space resident.
 
 use crate::daemon::{free_port, BenchVm, Daemon, DaemonError, DaemonOptions};
-use dd_engine::{EvictionOrder, PoolKind, PoolOptions, Spec};
 use serde::Serialize;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -516,13 +515,7 @@ fn run_ours(
             None => dd_client::Client::connect_tcp(daemon.tcp, vm.id, &vm.data_token)?,
         };
         for p in 0..o.pools {
-            let pool = admin.create_cgroup(PoolOptions {
-                kind: PoolKind::Ephemeral,
-                spec: Spec::Mem { weight: 100 },
-                order: EvictionOrder::default(),
-                exclusive_gets: false,
-                shards: 0,
-            })?;
+            let pool = admin.create_cgroup(crate::daemon::load_pool())?;
             targets[p * vms.len() + v] = Some((vm, pool));
         }
     }
