@@ -65,16 +65,6 @@ impl SessionRuntimes {
         })
     }
 
-    /// How many runtimes there are.
-    pub fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    /// Always false: there is at least one runtime.
-    pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
-    }
-
     /// The runtime the next session is served on (round robin).
     pub fn pick(&self) -> Handle {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
@@ -104,7 +94,7 @@ mod tests {
     #[test]
     fn sessions_are_handed_out_round_robin_over_runtimes_of_their_own() {
         let rts = SessionRuntimes::start(3, 8).unwrap();
-        assert_eq!(rts.len(), 3);
+        assert_eq!(rts.handles.len(), 3);
         let names: Vec<String> = (0..6)
             .map(|_| {
                 let h = rts.pick();
