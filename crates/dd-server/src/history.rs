@@ -94,11 +94,21 @@ impl Sample {
 struct Ring(VecDeque<Sample>);
 
 impl Ring {
+    /// Appends `s`, dropping the oldest sample once `cap` are kept. The ring grows by doubling up to
+    /// exactly `cap`, never past it: `VecDeque`'s own doubling would take a ring of 1800 samples to a
+    /// capacity of 2048, and a full ring rotates through every slot of its capacity, so the 248 slots
+    /// past `cap` would be touched (and become resident) only in the hour after the ring filled, a slow
+    /// climb that looks like a leak in a soak (issue 35).
     fn push(&mut self, s: Sample, cap: usize) {
-        if self.0.len() == cap {
-            self.0.pop_front();
+        let q = &mut self.0;
+        if q.len() >= cap {
+            q.pop_front();
+        } else if q.len() == q.capacity() {
+            let to = (q.capacity().max(4) * 2).min(cap);
+            q.reserve_exact(to - q.len());
         }
-        self.0.push_back(s);
+        q.push_back(s);
+        debug_assert!(q.len() <= cap);
     }
 }
 
@@ -272,6 +282,17 @@ impl History {
         self.inner.lock().series
     }
 
+    /// Samples kept now over every series (at most `series() x history.samples`: `dd_table_entries`).
+    pub fn samples_kept(&self) -> usize {
+        let g = self.inner.lock();
+        g.vms.values().map(|v| v.ring.0.len() + v.pools.values().map(|p| p.ring.0.len()).sum::<usize>()).sum()
+    }
+
+    /// Samples one series keeps at most (`history.samples`).
+    pub fn samples_per_series(&self) -> usize {
+        self.cfg.samples
+    }
+
     /// The samples after `since_unix_ms` (0: all) of every VM (`vm` `None`) or of one.
     pub fn report(&self, vm: Option<VmId>, since_unix_ms: u64) -> HistoryReport {
         let g = self.inner.lock();
@@ -378,6 +399,23 @@ mod tests {
         h.record(&c.host_stats(), 1);
         let r = h.report(None, 0);
         assert_eq!((h.series(), r.series_omitted, r.vms[0].pools.len()), (2, 2, 1));
+    }
+
+    #[test]
+    fn regression_a_full_history_ring_had_capacity_past_its_samples() {
+        let cap = HistoryConfig::default().samples;
+        let mut r = Ring::default();
+        let s = Sample::of(0, &Counters::default());
+        for i in 0..3 * cap {
+            r.push(s, cap);
+            assert!(
+                r.0.capacity() <= cap,
+                "capacity {} past {cap} samples after {} pushes",
+                r.0.capacity(),
+                i + 1
+            );
+        }
+        assert_eq!(r.0.len(), cap);
     }
 
     #[test]

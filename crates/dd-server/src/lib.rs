@@ -305,7 +305,8 @@ pub async fn run(
         ("admin API (listen.admin)", admin_listener.local_addr().ok(), admin_tls.is_some()),
     ] {
         if let (Some(a), false) = (addr, on) {
-            if !tls::is_loopback(&a) {
+            // On loopback TLS would protect nothing the host's own users could not read anyway.
+            if !a.ip().is_loopback() {
                 tracing::warn!(
                     "the {what} listens on {a}, beyond loopback, without TLS: tokens and pages cross the \
                      network in clear (set [tls] cert_file and key_file)"

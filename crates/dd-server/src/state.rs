@@ -265,6 +265,8 @@ impl ServerState {
             ("dedup_groups", n(self.dedup_groups.lock().len())),
             ("dedup_group_names", n(self.dedup_group_names.lock().len())),
             ("provisioner_reports", n(self.provisioner.count())),
+            ("history_series", n(self.history.series())),
+            ("history_samples", n(self.history.samples_kept())),
         ]
     }
 

@@ -70,7 +70,7 @@ impl Homed {
     }
 
     fn get(&self) -> io::Result<&TcpStream> {
-        self.0.as_ref().ok_or_else(|| io::Error::other("connection lost while moving between runtimes"))
+        self.0.as_ref().ok_or_else(lost)
     }
 
     fn rehome(&mut self, to: &Handle) -> io::Result<()> {
@@ -80,11 +80,13 @@ impl Homed {
     }
 
     fn pin_inner(self: Pin<&mut Self>) -> io::Result<Pin<&mut TcpStream>> {
-        match &mut self.get_mut().0 {
-            Some(s) => Ok(Pin::new(s)),
-            None => Err(io::Error::other("connection lost while moving between runtimes")),
-        }
+        self.get_mut().0.as_mut().map(Pin::new).ok_or_else(lost)
     }
+}
+
+/// A `Homed` whose socket failed to move between runtimes: the connection is gone.
+fn lost() -> io::Error {
+    io::Error::other("connection lost while moving between runtimes")
 }
 
 impl AsRawFd for Homed {
@@ -156,10 +158,4 @@ pub async fn accept(
         }
         Err(_) => None,
     }
-}
-
-/// Whether an address a listener binds is on the loopback interface (where TLS would protect nothing
-/// the host's own users could not read anyway).
-pub fn is_loopback(addr: &std::net::SocketAddr) -> bool {
-    addr.ip().is_loopback()
 }

@@ -20,7 +20,7 @@ mod common;
 mod fusekit;
 
 use common::*;
-use dd_client::{BackoffPolicy, ClientError, Endpoint, Session};
+use dd_client::{BackoffPolicy, ClientError, Session};
 use dd_engine::{Key, PoolId, PoolKind, PoolOptions, Spec};
 use fusekit::*;
 use rand::{Rng, SeedableRng};
@@ -183,13 +183,7 @@ fn chaos_daemon_sigkills_readers_see_no_error_hits_resume_and_the_watcher_adopts
         .collect();
 
     // A persistent pool's client (as a frontswap would be), its own session.
-    let ep = Endpoint {
-        unix_socket: Some(d.unix.clone()),
-        tcp: None,
-        tls: None,
-        vm: v.id,
-        token: v.data_token.clone(),
-    };
+    let ep = d.unix_endpoint(&v);
     let mut swap = Session::new(ep, BackoffPolicy::default(), "chaos swap client");
 
     let mut resumed = Vec::new();

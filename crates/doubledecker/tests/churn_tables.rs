@@ -114,7 +114,8 @@ fn pool_waves(d: &Daemon, rounds: usize, page: &[u8]) {
 #[test]
 fn regression_tables_keyed_by_pools_vms_and_connections_come_back_to_their_size_after_churn() {
     let v1 = vm(1);
-    let d = Daemon::start(&[&v1], "");
+    // History every 100 ms: its series of destroyed pools go at the next sample (issue 31's ring).
+    let d = Daemon::start(&[&v1], "[history]\ninterval_ms = 100\n");
     let page = vec![0x5au8; 4096];
     // One round of everything first, so that series that appear with a first use (requests by op and
     // status) and the first retired tokens exist in the baseline.
@@ -122,6 +123,8 @@ fn regression_tables_keyed_by_pools_vms_and_connections_come_back_to_their_size_
     for id in 1000..1003 {
         vm_round(&d, id, &page);
     }
+    // Two samples later the history holds only what exists.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let (tables0, series0) = (tables(&d), series(&d));
     for t in [
         "engine_vms",
@@ -134,6 +137,8 @@ fn regression_tables_keyed_by_pools_vms_and_connections_come_back_to_their_size_
         "dedup_group_names",
         "provisioner_reports",
         "dedup_groups",
+        "history_series",
+        "history_samples",
     ] {
         assert!(tables0.contains_key(t), "no table {t} in /metrics: {tables0:?}");
     }
@@ -145,19 +150,27 @@ fn regression_tables_keyed_by_pools_vms_and_connections_come_back_to_their_size_
     }
     eprintln!("churn: {POOLS} pools and {VMS} VMs in {:.1} s", t.elapsed().as_secs_f64());
 
-    // Sessions cut off by a removal close on the daemon's side a moment later.
+    // Sessions cut off by a removal close on the daemon's side a moment later, and the history drops
+    // the series of what is gone at its next sample.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut tables1 = tables(&d);
-    while tables1.get("admission_vms_in_session") != tables0.get("admission_vms_in_session")
-        && std::time::Instant::now() < deadline
-    {
+    let settled = |t: &BTreeMap<String, u64>| {
+        ["admission_vms_in_session", "history_series"].iter().all(|k| t.get(*k) == tables0.get(*k))
+    };
+    while !settled(&tables1) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
         tables1 = tables(&d);
     }
     eprintln!("tables before: {tables0:?}\ntables after:  {tables1:?}");
     assert_eq!(series(&d), series0, "/metrics has other series after the churn");
     // Bounded rather than back: each against its documented bound.
-    let bounded = ["registry_retired_tokens", "engine_pool_table_capacity", "engine_pool_objects_alive"];
+    // The history's samples grow with time (a ring per series), so they are bounded by the series.
+    let bounded = [
+        "registry_retired_tokens",
+        "engine_pool_table_capacity",
+        "engine_pool_objects_alive",
+        "history_samples",
+    ];
     for (name, before) in &tables0 {
         let after = tables1[name];
         if !bounded.contains(&name.as_str()) {
@@ -168,6 +181,8 @@ fn regression_tables_keyed_by_pools_vms_and_connections_come_back_to_their_size_
     let pools = tables1["engine_pools"];
     assert!(tables1["engine_pool_table_capacity"] <= 4 * pools + 16 * 16, "{tables1:?}");
     assert!(tables1["engine_pool_objects_alive"] <= pools + threads(d.pid()), "{tables1:?}");
+    let per_series = dd_server::history::HistoryConfig::default().samples as u64;
+    assert!(tables1["history_samples"] <= tables1["history_series"] * per_series, "{tables1:?}");
 }
 
 /// The runtime's blocking threads (engine calls that may wait on the SSD, admin calls) are bounded by

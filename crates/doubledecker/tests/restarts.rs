@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use dd_client::{BackoffPolicy, ClientError, Endpoint, PoolRef, Session};
+use dd_client::{BackoffPolicy, ClientError, PoolRef, Session};
 use dd_engine::{Key, PoolOptions, Spec};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -86,13 +86,7 @@ fn after_reconnect<T: std::fmt::Debug>(
 fn regression_a_persistent_pools_pages_lost_at_a_restart_are_reported_as_lost_not_missed() {
     let v = vm(3);
     let mut d = Daemon::start(&[&v], "");
-    let ep = Endpoint {
-        unix_socket: Some(d.unix.clone()),
-        tcp: None,
-        tls: None,
-        vm: v.id,
-        token: v.data_token.clone(),
-    };
+    let ep = d.unix_endpoint(&v);
     let policy = BackoffPolicy { initial: Duration::from_millis(10), max: Duration::from_millis(200) };
     let mut s = Session::new(ep, policy, "test");
     let pool = s.create_pool(PoolOptions::persistent(Spec::Mem { weight: 100 })).unwrap();

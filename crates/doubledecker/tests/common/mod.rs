@@ -150,6 +150,18 @@ impl Daemon {
         dd_client::Client::connect_unix(&self.unix, v.id, &v.data_token).expect("unix connect")
     }
 
+    /// Where a reconnecting `dd_client::Session` of `v` finds this daemon: its Unix socket, which
+    /// stays the same path across restarts.
+    pub fn unix_endpoint(&self, v: &TestVm) -> dd_client::Endpoint {
+        dd_client::Endpoint {
+            unix_socket: Some(self.unix.clone()),
+            tcp: None,
+            tls: None,
+            vm: v.id,
+            token: v.data_token.clone(),
+        }
+    }
+
     /// SIGTERM, then waits; returns whether the daemon exited successfully.
     pub fn stop(&mut self) -> bool {
         let Some(mut c) = self.child.take() else { return true };
