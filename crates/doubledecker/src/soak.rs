@@ -6,8 +6,9 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct SoakArgs {
-    /// How long to run the mixed load. Runs of 1800 s or more also check that the RSS is flat over
-    /// the second half (least-squares slope at most 2 MiB per hour); shorter runs report the slope only.
+    /// How long to run the mixed load. Runs of 7200 s or more also check that the RSS is flat over
+    /// the second half (least-squares slope at most 1 MiB per hour); shorter runs report the slope only
+    /// (the daemon's history of the last hour is still filling in them).
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
     /// Print one JSON object instead of a summary.
