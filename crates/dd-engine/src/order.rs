@@ -1,5 +1,7 @@
-//! Per-pool eviction order: FIFO (the paper's), LRU, CLOCK and S3-FIFO, as ring queues with lazy
-//! deletion.
+//! Per-pool eviction order: the queues that run FIFO (the paper's), LRU, CLOCK and S3-FIFO over a
+//! pool's slab, with lazy deletion. What each order does (on a hit, at a list's head, which list gives
+//! the victim) is the order's own file in `dd-types/src/order/` (D37), which `dd-mrc`'s simulation runs
+//! too; this module keeps the entries, their positions and the ghost.
 //!
 //! A pool keeps one [`OrderQueue`] per store tier. Entries live in the pool's [`Slab`]; the queue holds
 //! *records* `(entry id, stamp)` in order. Each entry carries the stamp of its one live record
@@ -11,11 +13,12 @@
 //!
 //! Invariants:
 //! * every entry in the queue has exactly one live record: the one whose stamp equals `QPos::stamp`, in
-//!   the list named by `QPos::list`; `live[list]` counts those entries;
+//!   the list named by `QPos::list`; that list's live count ([`LazyList::live`]) counts those entries;
 //! * stale records are bounded: when a list holds more than twice its live count (plus a constant), it
 //!   is compacted, so memory is O(live) and every operation is amortised O(1).
 
 use crate::types::{EvictionOrder, Key};
+use dd_types::order::{AtHead, LazyList, List, OnHit, MAX_FREQ};
 use std::collections::{HashSet, VecDeque};
 
 /// Queue position of an entry: the stamp of its live record, its list, and its reference count.
@@ -101,19 +104,31 @@ struct Record {
     stamp: u64,
 }
 
-const MAIN: u8 = 0;
-const SMALL: u8 = 1;
+const MAIN: u8 = List::Main as u8;
+const SMALL: u8 = List::Small as u8;
 
-/// The order queue of one pool tier.
+/// Whether `r`, a record of list `list` of queue `queue`, is its entry's live record.
+#[inline]
+fn is_live<T: Queued>(slab: &Slab<T>, queue: u8, list: u8, r: &Record) -> bool {
+    slab.try_get(r.id).is_some_and(|e| {
+        let q = e.qpos();
+        q.queued && q.queue == queue && q.stamp == r.stamp && q.list == list
+    })
+}
+
+/// The order queue of one pool tier: the order's two lazy-deletion lists over the pool's slab, and
+/// the S3-FIFO ghost. Every decision is the order's ([`EvictionOrder`]'s methods, one file per order in
+/// `dd-types/src/order/`); this type only moves records.
 #[derive(Debug)]
 pub(crate) struct OrderQueue {
     /// This queue's number among its pool's queues (the tier index).
     id: u8,
     order: EvictionOrder,
-    lists: [VecDeque<Record>; 2],
-    live: [usize; 2],
+    /// Indexed by [`List::index`]: main, then small (used by probation orders only).
+    lists: [LazyList<Record>; 2],
     next_stamp: u64,
-    /// S3-FIFO ghost: keys recently evicted from the small queue, bounded by the queue's size.
+    /// Probation orders' ghost: keys recently evicted from the small list, bounded by the queue's
+    /// size (at least 16).
     ghost: VecDeque<Key>,
     ghost_set: HashSet<Key>,
 }
@@ -123,8 +138,7 @@ impl OrderQueue {
         OrderQueue {
             id,
             order,
-            lists: [VecDeque::new(), VecDeque::new()],
-            live: [0; 2],
+            lists: [LazyList::default(), LazyList::default()],
             next_stamp: 1,
             ghost: VecDeque::new(),
             ghost_set: HashSet::new(),
@@ -132,18 +146,11 @@ impl OrderQueue {
     }
 
     pub fn len(&self) -> usize {
-        self.live[0] + self.live[1]
+        self.lists[0].live() + self.lists[1].live()
     }
 
     pub fn order(&self) -> EvictionOrder {
         self.order
-    }
-
-    fn is_live<T: Queued>(&self, slab: &Slab<T>, r: Record, list: u8) -> bool {
-        slab.try_get(r.id).is_some_and(|e| {
-            let q = e.qpos();
-            q.queued && q.queue == self.id && q.stamp == r.stamp && q.list == list
-        })
     }
 
     fn append<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32, list: u8) {
@@ -162,22 +169,14 @@ impl OrderQueue {
 
     /// Appends the record of entry `id`, whose position is `pos` (from [`Self::new_position`]).
     fn enqueue<T: Queued>(&mut self, slab: &Slab<T>, id: u32, pos: QPos) {
-        self.lists[pos.list as usize].push_back(Record { id, stamp: pos.stamp });
-        self.live[pos.list as usize] += 1;
-        self.maybe_compact(slab, pos.list);
+        let (queue, list) = (self.id, pos.list);
+        self.lists[list as usize].push(Record { id, stamp: pos.stamp }, |r| is_live(slab, queue, list, r));
     }
 
-    fn maybe_compact<T: Queued>(&mut self, slab: &Slab<T>, list: u8) {
-        let l = list as usize;
-        if self.live[l] == 0 {
-            // Every record is stale: nothing to look up (an exclusive pool drained by its gets).
-            self.lists[l].clear();
-        } else if self.lists[l].len() > 2 * self.live[l] + 64 {
-            let mut records = std::mem::take(&mut self.lists[l]);
-            records.retain(|r| self.is_live(slab, *r, list));
-            self.lists[l] = records;
-            debug_assert_eq!(self.lists[l].len(), self.live[l]);
-        }
+    /// Counts one entry out of `list` (its record is stale, or popped).
+    fn retire<T: Queued>(&mut self, slab: &Slab<T>, list: u8) {
+        let queue = self.id;
+        self.lists[list as usize].retire(|r| is_live(slab, queue, list, r));
     }
 
     /// Queues a newly inserted entry.
@@ -188,7 +187,7 @@ impl OrderQueue {
     }
 
     fn list_for_new(&mut self, key: Key) -> u8 {
-        if self.order == EvictionOrder::S3Fifo && !self.ghost_set.remove(&key) {
+        if self.order.probation() && !self.ghost_set.remove(&key) {
             SMALL
         } else {
             MAIN
@@ -211,10 +210,10 @@ impl OrderQueue {
         id
     }
 
-    /// Whether every entry of this queue is in its one list (FIFO, LRU, CLOCK: all but S3-FIFO), so
-    /// that [`Self::remove_discarded`] needs nothing from the entry.
+    /// Whether every entry of this queue is in its one list (orders without probation: all but
+    /// S3-FIFO), so that [`Self::remove_discarded`] needs nothing from the entry.
     pub fn single_list(&self) -> bool {
-        self.order != EvictionOrder::S3Fifo
+        !self.order.probation()
     }
 
     /// Takes out of the order an entry of a [`Self::single_list`] queue whose slab id the caller has
@@ -222,22 +221,24 @@ impl OrderQueue {
     /// once reused, carries another stamp), exactly as after [`Self::remove`].
     pub fn remove_discarded<T: Queued>(&mut self, slab: &Slab<T>) {
         debug_assert!(self.single_list());
-        self.live[MAIN as usize] -= 1;
-        self.maybe_compact(slab, MAIN);
+        self.retire(slab, MAIN);
     }
 
     /// Records an access to a queued entry (non-exclusive hit).
     pub fn touch<T: Queued>(&mut self, slab: &mut Slab<T>, id: u32) {
-        match self.order {
-            EvictionOrder::Fifo => {}
-            EvictionOrder::Lru => {
+        match self.order.on_hit() {
+            OnHit::Nothing => {}
+            OnHit::Requeue => {
                 let list = slab.get(id).qpos().list;
-                self.live[list as usize] -= 1;
-                self.append(slab, id, list); // the old record goes stale
-            }
-            EvictionOrder::Clock | EvictionOrder::S3Fifo => {
+                let pos = self.new_position(list);
                 let q = slab.get_mut(id).qpos_mut();
-                q.freq = (q.freq + 1).min(3);
+                *q = QPos { freq: q.freq, ..pos }; // the old record goes stale
+                self.retire(slab, list);
+                self.enqueue(slab, id, pos);
+            }
+            OnHit::Count => {
+                let q = slab.get_mut(id).qpos_mut();
+                q.freq = (q.freq + 1).min(MAX_FREQ);
             }
         }
     }
@@ -248,19 +249,13 @@ impl OrderQueue {
         debug_assert!(q.queued, "removing an entry that is not queued");
         q.queued = false;
         let list = q.list;
-        self.live[list as usize] -= 1;
-        self.maybe_compact(slab, list);
+        self.retire(slab, list);
     }
 
     /// Drops stale records at the head of a list and returns the first live one.
     fn head<T: Queued>(&mut self, slab: &Slab<T>, list: u8) -> Option<Record> {
-        while let Some(&r) = self.lists[list as usize].front() {
-            if self.is_live(slab, r, list) {
-                return Some(r);
-            }
-            self.lists[list as usize].pop_front();
-        }
-        None
+        let queue = self.id;
+        self.lists[list as usize].head(|r| is_live(slab, queue, list, r))
     }
 
     /// The entry at the victim end, without changing the order (global-mode age comparison).
@@ -272,11 +267,11 @@ impl OrderQueue {
     pub fn oldest<T: Queued>(&self, slab: &Slab<T>, n: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(n.min(self.len()));
         for list in [SMALL, MAIN] {
-            for r in &self.lists[list as usize] {
+            for r in self.lists[list as usize].iter() {
                 if out.len() == n {
                     return out;
                 }
-                if self.is_live(slab, *r, list) {
+                if is_live(slab, self.id, list, r) {
                     out.push(r.id);
                 }
             }
@@ -292,7 +287,7 @@ impl OrderQueue {
                 if out.len() == n {
                     return out;
                 }
-                if self.is_live(slab, *r, list) {
+                if is_live(slab, self.id, list, r) {
                     out.push(r.id);
                 }
             }
@@ -300,72 +295,43 @@ impl OrderQueue {
         out
     }
 
-    /// Chooses the next victim and takes it out of the order. `key_of` gives an entry's key (for the
-    /// S3-FIFO ghost).
+    /// Chooses the next victim, as the order decides, and takes it out of the order. `key_of` gives an
+    /// entry's key (for the ghost of a probation order).
     pub fn pop_victim<T: Queued>(&mut self, slab: &mut Slab<T>, key_of: impl Fn(&T) -> Key) -> Option<u32> {
-        match self.order {
-            EvictionOrder::Fifo | EvictionOrder::Lru => {
-                let r = self.head(slab, MAIN)?;
-                self.remove(slab, r.id);
-                Some(r.id)
-            }
-            EvictionOrder::Clock => loop {
-                let r = self.head(slab, MAIN)?;
-                self.lists[MAIN as usize].pop_front();
-                let q = slab.get_mut(r.id).qpos_mut();
-                if q.freq > 0 {
-                    q.freq = 0;
-                    self.live[MAIN as usize] -= 1;
-                    self.append(slab, r.id, MAIN);
-                } else {
+        loop {
+            // The ghost's bound counts the victim (the queue's size before it leaves).
+            let total = self.len();
+            let (small, main) = (self.lists[SMALL as usize].live(), self.lists[MAIN as usize].live());
+            let list = self.order.victim_list(small as u64, main as u64) as u8;
+            let r = self.head(slab, list)?;
+            self.lists[list as usize].pop_head();
+            let freq = slab.get(r.id).qpos().freq;
+            match self.order.at_head(List::from_index(list), freq) {
+                AtHead::Requeue { to, freq } => {
+                    slab.get_mut(r.id).qpos_mut().freq = freq;
+                    self.retire(slab, list);
+                    self.append(slab, r.id, to as u8);
+                }
+                AtHead::Evict => {
                     self.remove(slab, r.id);
+                    if list == SMALL {
+                        self.remember_ghost(key_of(slab.get(r.id)), total);
+                    }
                     return Some(r.id);
                 }
-            },
-            EvictionOrder::S3Fifo => self.pop_s3(slab, key_of),
+            }
         }
     }
 
-    fn pop_s3<T: Queued>(&mut self, slab: &mut Slab<T>, key_of: impl Fn(&T) -> Key) -> Option<u32> {
-        loop {
-            let total = self.len();
-            if total == 0 {
-                return None;
+    /// Remembers a key evicted from the small list, keeping at most `max(total, 16)` ghosts.
+    fn remember_ghost(&mut self, key: Key, total: usize) {
+        if self.ghost_set.insert(key) {
+            self.ghost.push_back(key);
+        }
+        while self.ghost.len() > total.max(16) {
+            if let Some(old) = self.ghost.pop_front() {
+                self.ghost_set.remove(&old);
             }
-            let small = self.live[SMALL as usize];
-            // The small queue is kept at about 10% of the entries (S3-FIFO's default).
-            if small > 0 && (small * 10 >= total || self.live[MAIN as usize] == 0) {
-                let r = self.head(slab, SMALL).expect("live count says the small list is not empty");
-                self.lists[SMALL as usize].pop_front();
-                if slab.get(r.id).qpos().freq > 0 {
-                    slab.get_mut(r.id).qpos_mut().freq = 0;
-                    self.live[SMALL as usize] -= 1;
-                    self.append(slab, r.id, MAIN);
-                    continue;
-                }
-                self.remove(slab, r.id);
-                let key = key_of(slab.get(r.id));
-                if self.ghost_set.insert(key) {
-                    self.ghost.push_back(key);
-                }
-                while self.ghost.len() > total.max(16) {
-                    if let Some(old) = self.ghost.pop_front() {
-                        self.ghost_set.remove(&old);
-                    }
-                }
-                return Some(r.id);
-            }
-            let r = self.head(slab, MAIN).expect("live count says the main list is not empty");
-            self.lists[MAIN as usize].pop_front();
-            let q = slab.get_mut(r.id).qpos_mut();
-            if q.freq > 0 {
-                q.freq -= 1;
-                self.live[MAIN as usize] -= 1;
-                self.append(slab, r.id, MAIN);
-                continue;
-            }
-            self.remove(slab, r.id);
-            return Some(r.id);
         }
     }
 }
@@ -470,7 +436,7 @@ mod tests {
             q.remove(&mut slab, i);
             slab.remove(i);
         }
-        assert!(q.lists[0].len() <= 2 * 10 + 64 + 1, "{} records for 10 live", q.lists[0].len());
+        assert!(q.lists[0].records() <= 2 * 10 + 64 + 1, "{} records for 10 live", q.lists[0].records());
         assert_eq!(
             q.oldest(&slab, 3).iter().map(|&i| slab.get(i).key.index).collect::<Vec<_>>(),
             vec![990, 991, 992]

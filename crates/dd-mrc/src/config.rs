@@ -29,6 +29,17 @@ pub enum Policy {
     S3Fifo,
 }
 
+impl Policy {
+    /// The engine's eviction order this policy simulates (`sim.rs` runs the order's own code).
+    pub fn eviction_order(self) -> dd_types::EvictionOrder {
+        match self {
+            Policy::Lru => dd_types::EvictionOrder::Lru,
+            Policy::Fifo => dd_types::EvictionOrder::Fifo,
+            Policy::S3Fifo => dd_types::EvictionOrder::S3Fifo,
+        }
+    }
+}
+
 /// How keys are sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,19 +1,22 @@
-//! Cache simulators for one size: LRU, FIFO and S3-FIFO, in slots or bytes.
+//! Cache simulators for one size: any eviction order (the MRC configuration names LRU, FIFO and
+//! S3-FIFO), in slots or bytes.
 //!
 //! These are what [`crate::MiniSim`] runs at `R x size`, and, at full size, the brute-force references
-//! of the tests. Queues are `VecDeque`s of `(key, stamp)` records with lazy deletion (the engine's
-//! `order.rs` does the same): an entry's live record carries its current stamp; a hit under LRU or a
-//! removal leaves a stale record that is skipped at the head, and a queue holding more than twice its
-//! live entries is compacted, so memory is O(entries) and every operation amortised O(1).
+//! of the tests. The order's decisions (what a hit does, which list gives the victim, what becomes of
+//! a list's head) are the engine's own: one file per order in `dd-types/src/order/` (D37), asked
+//! through [`EvictionOrder`]; this module keeps the entries, their sizes and the ghost. Queues are
+//! [`LazyList`]s of `(key, stamp)` records with lazy deletion, as the engine's: an entry's live record
+//! carries its current stamp (stamps are unique across both lists); a requeue or a removal leaves a
+//! stale record that is skipped at the head, so memory is O(entries) and every operation amortised
+//! O(1).
 //!
-//! S3-FIFO is the engine's (`dd-engine/src/order.rs`, after Yang et al., SOSP'23): new keys enter a
-//! small FIFO unless a ghost FIFO remembers them, in which case they go to the main FIFO; a hit raises
-//! a 2-bit frequency; the small queue is evicted from while it holds at least 10% of the cached units
-//! (its head moves to main if it was hit, otherwise it leaves and is remembered as a ghost); main's head
-//! is re-queued with its frequency decremented while it is non-zero. The ghost remembers as many keys
-//! as the cache holds (at least 16).
+//! Units are what the order's `victim_list` weighs (S3-FIFO's 10% small list is 10% of the cached
+//! units). The ghost of a probation order (S3-FIFO) remembers as many keys as the cache holds (at
+//! least 16); a remembered key seen again enters main.
 
 use crate::Policy;
+use dd_types::order::{AtHead, LazyList, List, OnHit, MAX_FREQ};
+use dd_types::EvictionOrder;
 use std::collections::{HashMap, VecDeque};
 
 type Map<V> = HashMap<u64, V, foldhash::fast::FixedState>;
@@ -27,21 +30,35 @@ struct Entry {
     size: u64,
     stamp: u64,
     freq: u8,
-    /// S3-FIFO: in the small queue (otherwise main).
+    /// In the small list (probation orders; otherwise main).
     small: bool,
+}
+
+impl Entry {
+    fn list(&self) -> List {
+        if self.small {
+            List::Small
+        } else {
+            List::Main
+        }
+    }
+}
+
+/// Whether `(key, stamp)` is its entry's live record.
+fn is_live(entries: &Map<Entry>, &(k, s): &(u64, u64)) -> bool {
+    entries.get(&k).is_some_and(|e| e.stamp == s)
 }
 
 /// One simulated cache of a fixed capacity.
 #[derive(Debug)]
 pub struct CacheSim {
-    policy: Policy,
+    order: EvictionOrder,
     capacity: u64,
     entries: Map<Entry>,
-    /// FIFO / LRU: the only queue; S3-FIFO: main.
-    main: VecDeque<(u64, u64)>,
-    small: VecDeque<(u64, u64)>,
-    main_used: u64,
-    small_used: u64,
+    /// Indexed by [`List::index`]: main (the only list of orders without probation), small.
+    lists: [LazyList<(u64, u64)>; 2],
+    /// Units in each list, indexed as `lists`.
+    used: [u64; 2],
     ghost: VecDeque<(u64, u64)>,
     ghost_keys: Map<u64>,
     next_stamp: u64,
@@ -50,14 +67,17 @@ pub struct CacheSim {
 impl CacheSim {
     /// An empty cache of `capacity` units (slots, or bytes for sized accesses).
     pub fn new(policy: Policy, capacity: u64) -> CacheSim {
+        CacheSim::of_order(policy.eviction_order(), capacity)
+    }
+
+    /// An empty cache of `capacity` units running any of the engine's orders.
+    pub fn of_order(order: EvictionOrder, capacity: u64) -> CacheSim {
         CacheSim {
-            policy,
+            order,
             capacity,
             entries: map(),
-            main: VecDeque::new(),
-            small: VecDeque::new(),
-            main_used: 0,
-            small_used: 0,
+            lists: [LazyList::default(), LazyList::default()],
+            used: [0; 2],
             ghost: VecDeque::new(),
             ghost_keys: map(),
             next_stamp: 0,
@@ -70,7 +90,7 @@ impl CacheSim {
 
     /// Units in use.
     pub fn used(&self) -> u64 {
-        self.main_used + self.small_used
+        self.used[0] + self.used[1]
     }
 
     /// Keys cached.
@@ -87,19 +107,34 @@ impl CacheSim {
         self.next_stamp
     }
 
+    /// Appends `key`'s record (its entry already carries `stamp`) to `list`.
+    fn enqueue(&mut self, list: List, key: u64, stamp: u64) {
+        let entries = &self.entries;
+        self.lists[list.index()].push((key, stamp), |r| is_live(entries, r));
+    }
+
+    /// Counts one entry out of `list` (its record is stale, or popped).
+    fn retire(&mut self, list: List) {
+        let entries = &self.entries;
+        self.lists[list.index()].retire(|r| is_live(entries, r));
+    }
+
     /// References `key` of `size` units (> 0): whether it hit. A missing key is inserted unless it is
     /// larger than the whole cache.
     pub fn access(&mut self, key: u64, size: u64) -> bool {
-        if let Some(e) = self.entries.get_mut(&key) {
-            match self.policy {
-                Policy::Fifo => {}
-                Policy::Lru => {
-                    self.next_stamp += 1;
-                    e.stamp = self.next_stamp;
-                    self.main.push_back((key, self.next_stamp));
-                    self.compact_if_stale();
+        if let Some(e) = self.entries.get(&key).copied() {
+            match self.order.on_hit() {
+                OnHit::Nothing => {}
+                OnHit::Requeue => {
+                    let stamp = self.stamp();
+                    self.entries.insert(key, Entry { stamp, ..e }); // the old record goes stale
+                    self.retire(e.list());
+                    self.enqueue(e.list(), key, stamp);
                 }
-                Policy::S3Fifo => e.freq = (e.freq + 1).min(3),
+                OnHit::Count => {
+                    let freq = (e.freq + 1).min(MAX_FREQ);
+                    self.entries.insert(key, Entry { freq, ..e });
+                }
             }
             return true;
         }
@@ -107,15 +142,11 @@ impl CacheSim {
             return false;
         }
         let stamp = self.stamp();
-        let to_main = self.policy != Policy::S3Fifo || self.ghost_keys.remove(&key).is_some();
+        let to_main = !self.order.probation() || self.ghost_keys.remove(&key).is_some();
+        let list = if to_main { List::Main } else { List::Small };
         self.entries.insert(key, Entry { size, stamp, freq: 0, small: !to_main });
-        if to_main {
-            self.main.push_back((key, stamp));
-            self.main_used += size;
-        } else {
-            self.small.push_back((key, stamp));
-            self.small_used += size;
-        }
+        self.used[list.index()] += size;
+        self.enqueue(list, key, stamp);
         self.evict_to_capacity();
         false
     }
@@ -124,12 +155,8 @@ impl CacheSim {
     pub fn remove(&mut self, key: u64) -> bool {
         self.ghost_keys.remove(&key);
         let Some(e) = self.entries.remove(&key) else { return false };
-        if e.small {
-            self.small_used -= e.size;
-        } else {
-            self.main_used -= e.size;
-        }
-        self.compact_if_stale();
+        self.used[e.list().index()] -= e.size;
+        self.retire(e.list());
         true
     }
 
@@ -145,54 +172,34 @@ impl CacheSim {
         }
     }
 
-    /// The live record at the head of a queue, stale ones dropped.
-    fn head(entries: &Map<Entry>, q: &mut VecDeque<(u64, u64)>) -> Option<(u64, Entry)> {
-        while let Some(&(k, s)) = q.front() {
-            match entries.get(&k) {
-                Some(e) if e.stamp == s => return Some((k, *e)),
-                _ => {
-                    q.pop_front();
-                }
-            }
-        }
-        None
-    }
-
+    /// Evicts one entry, as the order decides (over capacity, so not empty).
     fn evict_one(&mut self) {
-        if self.policy != Policy::S3Fifo {
-            let (k, e) = Self::head(&self.entries, &mut self.main).expect("over capacity, so not empty");
-            self.main.pop_front();
-            self.entries.remove(&k);
-            self.main_used -= e.size;
-            return;
-        }
         loop {
-            if self.small_used > 0 && (self.small_used * 10 >= self.used() || self.main_used == 0) {
-                let (k, e) = Self::head(&self.entries, &mut self.small).expect("small_used > 0");
-                self.small.pop_front();
-                self.small_used -= e.size;
-                if e.freq > 0 {
+            let list = self.order.victim_list(self.used[List::Small.index()], self.used[List::Main.index()]);
+            let entries = &self.entries;
+            let (k, _) =
+                self.lists[list.index()].head(|r| is_live(entries, r)).expect("units, so a live record");
+            self.lists[list.index()].pop_head();
+            let e = self.entries[&k];
+            match self.order.at_head(list, e.freq) {
+                AtHead::Requeue { to, freq } => {
                     let stamp = self.stamp();
-                    self.entries.insert(k, Entry { stamp, freq: 0, small: false, ..e });
-                    self.main.push_back((k, stamp));
-                    self.main_used += e.size;
-                    continue;
+                    self.entries.insert(k, Entry { stamp, freq, small: to == List::Small, ..e });
+                    self.used[list.index()] -= e.size;
+                    self.used[to.index()] += e.size;
+                    self.retire(list);
+                    self.enqueue(to, k, stamp);
                 }
-                self.entries.remove(&k);
-                self.remember_ghost(k);
-                return;
+                AtHead::Evict => {
+                    self.entries.remove(&k);
+                    self.used[list.index()] -= e.size;
+                    self.retire(list);
+                    if list == List::Small {
+                        self.remember_ghost(k);
+                    }
+                    return;
+                }
             }
-            let (k, e) = Self::head(&self.entries, &mut self.main).expect("main_used > 0");
-            self.main.pop_front();
-            if e.freq > 0 {
-                let stamp = self.stamp();
-                self.entries.insert(k, Entry { stamp, freq: e.freq - 1, ..e });
-                self.main.push_back((k, stamp));
-                continue;
-            }
-            self.entries.remove(&k);
-            self.main_used -= e.size;
-            return;
         }
     }
 
@@ -210,16 +217,6 @@ impl CacheSim {
         if self.ghost.len() > 2 * self.ghost_keys.len() + 64 {
             let keys = &self.ghost_keys;
             self.ghost.retain(|(k, s)| keys.get(k) == Some(s));
-        }
-    }
-
-    fn compact_if_stale(&mut self) {
-        let live = self.entries.len();
-        if self.main.len() + self.small.len() > 2 * live + 64 {
-            let entries = &self.entries;
-            let is_live = |&(k, s): &(u64, u64)| entries.get(&k).is_some_and(|e| e.stamp == s);
-            self.main.retain(is_live);
-            self.small.retain(is_live);
         }
     }
 }
@@ -265,6 +262,24 @@ mod tests {
         // Key 19 left the small queue unhit: a ghost; a re-reference enters main.
         assert!(!c.access(19, 1));
         assert!(!c.entries[&19].small);
+    }
+
+    /// Any order of the wire table runs in the simulation, CLOCK too (it has no MRC policy name), and
+    /// every one keeps the cache within its capacity.
+    #[test]
+    fn clock_gives_a_referenced_key_a_second_chance() {
+        let mut c = CacheSim::of_order(EvictionOrder::Clock, 3);
+        for k in [1, 2, 3, 1, 4] {
+            c.access(k, 1); // 1 referenced; 4 evicts 2 (1 loses its reference and goes to the back)
+        }
+        assert!(c.access(1, 1) && !c.access(2, 1));
+        for o in EvictionOrder::ALL {
+            let mut c = CacheSim::of_order(o, 8);
+            for k in 0..100u64 {
+                c.access(k % 13, 1);
+                assert!(c.used() <= 8 && c.len() as u64 == c.used(), "{o:?}");
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! is globally unique, but every operation also names the calling VM, and a pool that belongs to another
 //! VM is indistinguishable from a pool that does not exist.
 
+pub use crate::order::EvictionOrder;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -184,42 +185,6 @@ impl VmWeights {
     }
 }
 
-/// The order in which a pool gives up pages when it is the eviction victim.
-///
-/// The discriminants are the wire codes (the data plane's CREATE_POOL byte, `docs/protocol.md`) and
-/// [`EvictionOrder::ALL`] lists every order by its code: this declaration and that list are the one
-/// table a new order is added to; the protocol, the fuzz targets' typed inputs and the tests read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[repr(u8)]
-pub enum EvictionOrder {
-    /// Insertion order (the paper's policy; equivalent to LRU for an exclusive cache).
-    #[default]
-    Fifo = 0,
-    /// Least recently used: a replacing put or a non-exclusive hit refreshes the page.
-    Lru = 1,
-    /// Second-chance FIFO with a reference bit.
-    Clock = 2,
-    /// S3-FIFO (small probationary FIFO, main FIFO, ghost queue).
-    S3Fifo = 3,
-}
-
-impl EvictionOrder {
-    /// Every order, at the index of its wire code (codes are dense from 0; a unit test checks it).
-    pub const ALL: [EvictionOrder; 4] =
-        [EvictionOrder::Fifo, EvictionOrder::Lru, EvictionOrder::Clock, EvictionOrder::S3Fifo];
-
-    /// The order's wire code. Codes are never reused for another order.
-    pub const fn wire_code(self) -> u8 {
-        self as u8
-    }
-
-    /// The order of a wire code, `None` for a code this version does not know.
-    pub fn from_wire_code(code: u8) -> Option<EvictionOrder> {
-        EvictionOrder::ALL.get(usize::from(code)).copied()
-    }
-}
-
 /// Partitioned (DoubleDecker) or global (one FIFO over all pools, the papers' baseline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -292,39 +257,5 @@ impl PutOutcome {
             PutOutcome::Stored(s) => Some(*s),
             PutOutcome::Refused => None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The wire table is dense, every code maps back to its order, and `ALL` holds every variant: the
-    /// exhaustive match below stops compiling when an order is added, pointing here, to `ALL`.
-    #[test]
-    fn eviction_order_wire_table_is_complete_and_dense() {
-        fn position(o: EvictionOrder) -> usize {
-            match o {
-                EvictionOrder::Fifo => 0,
-                EvictionOrder::Lru => 1,
-                EvictionOrder::Clock => 2,
-                EvictionOrder::S3Fifo => 3,
-            }
-        }
-        for (i, o) in EvictionOrder::ALL.into_iter().enumerate() {
-            assert_eq!(position(o), i, "{o:?}");
-            assert_eq!(usize::from(o.wire_code()), i, "{o:?}");
-            assert_eq!(EvictionOrder::from_wire_code(o.wire_code()), Some(o));
-        }
-        assert_eq!(EvictionOrder::from_wire_code(EvictionOrder::ALL.len() as u8), None);
-        assert_eq!(EvictionOrder::from_wire_code(u8::MAX), None);
-    }
-
-    /// The JSON names are the ones the admin API and the configuration files have always used.
-    #[test]
-    fn eviction_order_names_are_kebab_case() {
-        let names: Vec<String> =
-            EvictionOrder::ALL.iter().map(|o| serde_json::to_string(o).unwrap()).collect();
-        assert_eq!(names, ["\"fifo\"", "\"lru\"", "\"clock\"", "\"s3-fifo\""]);
     }
 }
