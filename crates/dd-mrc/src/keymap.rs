@@ -5,13 +5,29 @@
 //! far larger than the caches; with the key and its slot in one 16-byte entry, a lookup costs one
 //! cache miss where a SwissTable's separate control bytes and buckets cost two (measured: the map was
 //! two thirds of the exact model's time). [`KeyMap::prefetch`] lets a caller that knows the next keys
-//! overlap those misses (the trace loader knows a whole batch of them).
+//! overlap those misses (the trace loader knows a whole batch of them), and [`prefetch_slot`] the
+//! record a looked-up slot indexes (the lab's guest page cache, whose crate allows no unsafe code).
 //!
 //! Invariants: `len` entries are occupied (`slot != EMPTY`); every occupied entry is reachable from
 //! its home index without crossing an empty one (deletion shifts entries back to keep it so); the
 //! table is at most 5/8 full.
 
 const EMPTY: u32 = u32::MAX;
+
+/// Hints the CPU to fetch `items[i]` (a no-op where there is no prefetch instruction, or when `i` is
+/// out of range). For a caller that knows which record a later access will touch.
+#[inline]
+pub fn prefetch_slot<T>(items: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = items.get(i) {
+        // SAFETY: prefetching is only a hint and never faults; the address is an element of `items`.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch((p as *const T).cast::<i8>(), core::arch::x86_64::_MM_HINT_T0)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (items, i);
+}
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(16))]

@@ -75,7 +75,7 @@ mod stack;
 pub use config::{Method, MrcConfig, Policy, Sampling, DEFAULT_MAX_SAMPLES};
 pub use curve::{Curve, Unit};
 pub use error::MrcError;
-pub use keymap::KeyMap;
+pub use keymap::{prefetch_slot, KeyMap};
 pub use lru::{ExactLru, Shards};
 pub use minisim::MiniSim;
 pub use sampler::{sample_hash, Sampler, DEFAULT_SEED};

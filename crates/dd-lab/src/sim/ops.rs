@@ -5,10 +5,16 @@
 
 use super::{Kind, Sim};
 use crate::error::LabError;
+use crate::model::guest::key;
 use crate::model::kvstore::{Space, StoreKind as Db, Touch};
 use crate::model::workload::{gamma_pages, Role};
 use crate::sim::backend::SecondChance;
 use rand::Rng;
+
+/// How many requests ahead a trace replay prefetches the page-cache map entry of a request.
+const MAP_AHEAD: usize = 16;
+/// How many requests ahead it prefetches the page descriptor (after the map entry, which it reads).
+const PAGE_AHEAD: usize = 6;
 
 impl<B: SecondChance> Sim<B> {
     /// Runs one operation of thread `th` of container `c` starting now. Returns its latency, or `None`
@@ -157,11 +163,20 @@ impl<B: SecondChance> Sim<B> {
                 // The row is copied out rather than the trace's `Arc` cloned for the call: an atomic
                 // increment and decrement per request were two thirds of the event loop's own time in a
                 // plain-LRU replay.
-                let rows = &self.cts[c]
-                    .trace
-                    .as_ref()
-                    .ok_or_else(|| LabError::invalid("workload", "trace not loaded"))?
-                    .rows;
+                let ct = &self.cts[c];
+                let rows =
+                    &ct.trace.as_ref().ok_or_else(|| LabError::invalid("workload", "trace not loaded"))?.rows;
+                // The next requests are known: fetch a later one's page-cache map entry, and a nearer
+                // one's page descriptor (its map entry fetched by then), so that the lookup and a hit's
+                // move to the head miss no cache (a replay is otherwise bound by those misses:
+                // `Guest::access` and `mark_accessed` were two fifths of a plain-LRU replay).
+                let guest = &self.guests[vm];
+                if let Some(&(o, idx, ..)) = rows.get(row + MAP_AHEAD) {
+                    guest.prefetch(key(ct.first_obj + o, idx));
+                }
+                if let Some(&(o, idx, ..)) = rows.get(row + PAGE_AHEAD) {
+                    guest.prefetch_page(key(ct.first_obj + o, idx));
+                }
                 let this = match rows.get(row) {
                     Some(&r) => {
                         next = Role::Trace { row: row + 1 };
