@@ -104,15 +104,7 @@ impl KeyMap {
     /// Hints the CPU to fetch `key`'s entry (a no-op where there is no prefetch instruction).
     #[inline]
     pub fn prefetch(&self, key: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = self.entries.as_ptr().wrapping_add(self.home(key));
-            // SAFETY: prefetching is only a hint; it never faults, even for an address outside the
-            // table (and `home` is always inside it).
-            unsafe { core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = key;
+        prefetch_slot(&self.entries, self.home(key));
     }
 
     /// Sets `key`'s slot (any value but `u32::MAX`); returns the previous one.

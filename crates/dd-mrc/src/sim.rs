@@ -181,19 +181,18 @@ impl CacheSim {
                 self.lists[list.index()].head(|r| is_live(entries, r)).expect("units, so a live record");
             self.lists[list.index()].pop_head();
             let e = self.entries[&k];
+            // The popped record was the entry's only live one: it leaves `list` either way.
+            self.used[list.index()] -= e.size;
+            self.retire(list);
             match self.order.at_head(list, e.freq) {
                 AtHead::Requeue { to, freq } => {
                     let stamp = self.stamp();
                     self.entries.insert(k, Entry { stamp, freq, small: to == List::Small, ..e });
-                    self.used[list.index()] -= e.size;
                     self.used[to.index()] += e.size;
-                    self.retire(list);
                     self.enqueue(to, k, stamp);
                 }
                 AtHead::Evict => {
                     self.entries.remove(&k);
-                    self.used[list.index()] -= e.size;
-                    self.retire(list);
                     if list == List::Small {
                         self.remember_ghost(k);
                     }

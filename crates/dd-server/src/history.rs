@@ -288,11 +288,6 @@ impl History {
         g.vms.values().map(|v| v.ring.0.len() + v.pools.values().map(|p| p.ring.0.len()).sum::<usize>()).sum()
     }
 
-    /// Samples one series keeps at most (`history.samples`).
-    pub fn samples_per_series(&self) -> usize {
-        self.cfg.samples
-    }
-
     /// The samples after `since_unix_ms` (0: all) of every VM (`vm` `None`) or of one.
     pub fn report(&self, vm: Option<VmId>, since_unix_ms: u64) -> HistoryReport {
         let g = self.inner.lock();

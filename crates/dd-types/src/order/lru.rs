@@ -1,13 +1,9 @@
 //! LRU: a hit moves the entry to the back of the queue; the head is always the victim.
 
-use super::{AtHead, List, OnHit, Order};
+use super::{OnHit, Order};
 
 pub(super) struct Lru;
 
 impl Order for Lru {
     const ON_HIT: OnHit = OnHit::Requeue;
-    #[inline]
-    fn at_head(_list: List, _freq: u8) -> AtHead {
-        AtHead::Evict
-    }
 }

@@ -3,7 +3,7 @@
 //!
 //! An order is one file here (`fifo.rs`, `lru.rs`, `clock.rs`, `s3fifo.rs`) implementing [`Order`]:
 //! what a hit does, which list the next victim comes from, and what becomes of the entry found at a
-//! list's head. It holds no storage: the engine's per-pool queues (`dd-engine/src/order.rs`, entries in
+//! list's head (the last two with defaults: the main list, and evict). It holds no storage: the engine's per-pool queues (`dd-engine/src/order.rs`, entries in
 //! a slab, counted in pages) and `dd-mrc`'s miniature simulation (`dd-mrc/src/sim.rs`, entries in a
 //! map, counted in slots or bytes) keep their own entries and ask the order for every decision, so an
 //! order is written once and both run it.
@@ -175,8 +175,13 @@ pub trait Order {
         let _ = (small, main);
         List::Main
     }
-    /// What becomes of the live entry at the head of `list`, whose frequency is `freq`.
-    fn at_head(list: List, freq: u8) -> AtHead;
+    /// What becomes of the live entry at the head of `list`, whose frequency is `freq`. By default it
+    /// is the victim (FIFO, LRU).
+    #[inline]
+    fn at_head(list: List, freq: u8) -> AtHead {
+        let _ = (list, freq);
+        AtHead::Evict
+    }
 }
 
 #[cfg(test)]
