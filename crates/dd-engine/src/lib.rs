@@ -47,6 +47,7 @@ mod pool;
 pub mod remote;
 pub mod stats;
 pub mod store;
+pub mod stripe;
 #[cfg(test)]
 mod test_util;
 

@@ -19,8 +19,9 @@
 //! of a second pool, the pools in increasing pool-id order (see the lock order in `cache/mod.rs`). Page
 //! bytes are never copied into or out of the SSD, and frames and slots are never freed, while a lock is
 //! held: callers take locations out under the lock and do the expensive part after releasing it. Memory
-//! frames of entries that stay in the index are read under their shard's lock (non-exclusive gets,
-//! demotion), which is what keeps a concurrent free from racing the copy.
+//! frames of entries that stay in the index are held for reading under their shard's lock and copied
+//! after it (non-exclusive gets; `store::mem`'s read holds keep a concurrent free from racing the
+//! copy); compressed halves and demotion reads are still read under the lock.
 //!
 //! Invariants (checked by [`PoolInner::check`] in debug and `strict-invariants` builds):
 //! * every entry is in its shard's object index exactly once, in the shard [`shard_of`] names, and

@@ -24,12 +24,13 @@
 //! request can be told which VM its token was: [`Registry::kind_of`]) are leaves, never held together
 //! nor across an engine call or a revocation; a registration's gate (`enter`/`revoke`) is taken before any engine lock.
 
-use dd_engine::VmId;
-use parking_lot::{RwLock, RwLockReadGuard};
+use crossbeam_utils::CachePadded;
+use dd_engine::{stripe, VmId};
+use parking_lot::RwLock;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
@@ -81,8 +82,12 @@ pub struct Registration {
     pub generation: u64,
     data_token: Stored,
     admin_token: Stored,
-    /// `true` while the registration is live; read-held for the length of an operation.
-    live: RwLock<bool>,
+    /// `true` until the registration is revoked.
+    live: AtomicBool,
+    /// Operations in progress, per stripe (`dd_engine::stripe`): every session of the VM enters the
+    /// gate once per burst of requests, and a single counter (or a read lock) would be one cache line
+    /// written by all of them, on every core (issue 28, item 3). Revocation adds them up.
+    inside: Box<[CachePadded<AtomicU64>]>,
     revoked_tx: watch::Sender<bool>,
 }
 
@@ -92,8 +97,19 @@ impl std::fmt::Debug for Registration {
     }
 }
 
-/// Proof that an operation runs while its registration is live (see [`Registration::enter`]).
-pub type Entered<'a> = RwLockReadGuard<'a, bool>;
+/// Proof that an operation runs while its registration is live (see [`Registration::enter`]); the
+/// operation leaves the gate when it is dropped.
+#[derive(Debug)]
+#[must_use = "the operation is inside the gate only while this is held"]
+pub struct Entered<'a> {
+    counter: &'a AtomicU64,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::Release);
+    }
+}
 
 impl Registration {
     /// The hashes of the data-plane and admin tokens (for the registrations file).
@@ -103,14 +119,20 @@ impl Registration {
 
     /// Enters an operation: `None` once the registration is revoked. Keep the guard for the operation's
     /// length; revocation waits for it.
+    ///
+    /// The protocol is Dekker's: an operation counts itself in, then reads `live`; `revoke` clears
+    /// `live`, then reads the counts. Both sides' accesses are sequentially consistent, so either the
+    /// operation sees the registration revoked (and leaves), or `revoke` sees it counted (and waits).
     pub fn enter(&self) -> Option<Entered<'_>> {
-        let g = self.live.read();
-        (*g).then_some(g)
+        let counter = &*self.inside[stripe::index()];
+        counter.fetch_add(1, Ordering::SeqCst);
+        let entered = Entered { counter };
+        self.live.load(Ordering::SeqCst).then_some(entered)
     }
 
     /// Whether the registration is still live (for a quick check outside an operation).
     pub fn is_live(&self) -> bool {
-        *self.live.read()
+        self.live.load(Ordering::SeqCst)
     }
 
     /// A receiver that changes (to `true`) when the registration is revoked.
@@ -121,7 +143,18 @@ impl Registration {
     /// Revokes the registration: waits for its operations in progress, then fails every later one and
     /// wakes every waiting connection. Idempotent.
     pub fn revoke(&self) {
-        *self.live.write() = false;
+        self.live.store(false, Ordering::SeqCst);
+        // Operations are short (one burst of requests, one admin call): spin briefly, then yield, then
+        // sleep, re-reading every stripe until none is inside.
+        let mut rounds = 0u32;
+        while self.inside.iter().any(|c| c.load(Ordering::SeqCst) != 0) {
+            rounds += 1;
+            match rounds {
+                0..64 => std::hint::spin_loop(),
+                64..256 => std::thread::yield_now(),
+                _ => std::thread::sleep(std::time::Duration::from_micros(100)),
+            }
+        }
         let _ = self.revoked_tx.send(true);
     }
 }
@@ -315,7 +348,8 @@ impl Registry {
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
             data_token: Stored(data_token),
             admin_token: Stored(admin_token),
-            live: RwLock::new(true),
+            live: AtomicBool::new(true),
+            inside: (0..stripe::STRIPES).map(|_| CachePadded::new(AtomicU64::new(0))).collect(),
             revoked_tx: watch::channel(false).0,
         });
         let old = self.vms.write().insert(vm, reg.clone());
@@ -403,6 +437,35 @@ mod tests {
         assert!(b.enter().is_none());
         let c = r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
         assert!(c.generation > b.generation && a.enter().is_none());
+    }
+
+    /// `revoke` returns only once every operation entered on any thread has left (the gate is striped
+    /// per thread, so the waiting must add the stripes up), and no operation enters after it.
+    #[test]
+    fn revoke_waits_for_operations_in_progress_on_other_threads() {
+        let r = Registry::new("host-token-0123456789", [7; 32]);
+        let a = r.insert(VmId(1), "data-one-0123456789", "admin-one-0123456789");
+        let left = AtomicBool::new(false);
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                let (a, left, entered_tx) = (&a, &left, entered_tx.clone());
+                s.spawn(move || {
+                    let g = a.enter().expect("live");
+                    entered_tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    left.store(true, Ordering::SeqCst);
+                    drop(g);
+                });
+            }
+            for _ in 0..3 {
+                entered_rx.recv().unwrap();
+            }
+            r.remove(VmId(1));
+            assert!(left.load(Ordering::SeqCst), "revoke returned while operations were inside");
+            assert!(a.enter().is_none() && !a.is_live());
+        });
+        assert!(a.inside.iter().all(|c| c.load(Ordering::SeqCst) == 0), "a refused enter stayed counted");
     }
 
     #[test]

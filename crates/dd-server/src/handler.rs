@@ -345,42 +345,39 @@ fn get_batch(
     // Without co-operative de-duplication (whose misses are fetched from peers into their slots, below)
     // a non-exclusive pool's hits are copied straight from the engine's frames into their slots of the
     // response, with no zero-fill first: one copy per page.
-    if state.coop.get().is_none() {
-        let handle = state.cache.pool_handle(vm, pool)?;
-        if !handle.exclusive_gets() {
-            let start = begin_response(out, v, h.op, h.request_id);
-            out.extend_from_slice(&(n as u32).to_le_bytes());
-            let flags_at = out.len();
-            out.resize(flags_at + n, 0);
-            let pages_at = out.len();
-            out.reserve(n * ps);
-            let mut hit_flags = vec![false; n];
-            let slots = &mut out.spare_capacity_mut()[..n * ps];
-            let r = handle.get_batch_each(&ks, &mut |i, page| {
-                hit_flags[i] = true;
-                copy_into(&mut slots[i * ps..(i + 1) * ps], page);
-            });
-            if let Err(e) = r {
-                out.truncate(start);
-                return Err(e.into());
-            }
-            // Hits to the front, in index order (the engine hands them over shard by shard).
-            let mut w = 0;
-            for (i, hit) in hit_flags.iter().enumerate() {
-                out[flags_at + i] = *hit as u8;
-                if *hit {
-                    if i != w {
-                        out.spare_capacity_mut().copy_within(i * ps..(i + 1) * ps, w * ps);
-                    }
-                    w += 1;
-                }
-            }
-            // SAFETY: the first `w * ps` bytes of the spare capacity are the `w` hits' pages, each
-            // written whole by `copy_into` (a hit's slot) and moved only to a slot below it.
-            unsafe { out.set_len(pages_at + w * ps) };
-            finish_response(out, start, Status::OK);
-            return Ok(());
+    if state.coop.get().is_none() && !state.cache.exclusive_gets(vm, pool)? {
+        let start = begin_response(out, v, h.op, h.request_id);
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        let flags_at = out.len();
+        out.resize(flags_at + n, 0);
+        let pages_at = out.len();
+        out.reserve(n * ps);
+        let mut hit_flags = vec![false; n];
+        let slots = &mut out.spare_capacity_mut()[..n * ps];
+        let r = state.cache.get_batch_each(vm, pool, &ks, &mut |i, page| {
+            hit_flags[i] = true;
+            copy_into(&mut slots[i * ps..(i + 1) * ps], page);
+        });
+        if let Err(e) = r {
+            out.truncate(start);
+            return Err(e.into());
         }
+        // Hits to the front, in index order (the engine hands them over shard by shard).
+        let mut w = 0;
+        for (i, hit) in hit_flags.iter().enumerate() {
+            out[flags_at + i] = *hit as u8;
+            if *hit {
+                if i != w {
+                    out.spare_capacity_mut().copy_within(i * ps..(i + 1) * ps, w * ps);
+                }
+                w += 1;
+            }
+        }
+        // SAFETY: the first `w * ps` bytes of the spare capacity are the `w` hits' pages, each
+        // written whole by `copy_into` (a hit's slot) and moved only to a slot below it.
+        unsafe { out.set_len(pages_at + w * ps) };
+        finish_response(out, start, Status::OK);
+        return Ok(());
     }
     // Read every page into the output buffer at its slot, then compact the hits to the front: one
     // copy out of the cache, one memmove per hit that follows a miss.

@@ -50,11 +50,7 @@ struct Stripe([AtomicU64; OP_SLOTS * STATUS_SLOTS]);
 
 /// This thread's stripe.
 fn my_stripe() -> usize {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    thread_local! {
-        static STRIPE: usize = (NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES as u64) as usize;
-    }
-    STRIPE.with(|s| *s)
+    dd_engine::stripe::index() % STRIPES
 }
 
 #[derive(Debug)]

@@ -46,6 +46,7 @@
 //! writes their responses and closes.
 
 use crate::admission::{HandshakeSlot, SessionSlot, MAX_REFUSING};
+use crate::auth::Registration;
 use crate::capture::{Channel, Recorder};
 use crate::handler::{begin_session, handle_frame, Flow, Session};
 use crate::handshake::Rehome;
@@ -381,9 +382,11 @@ async fn serve_session<S>(
                 out = lend_out();
             }
             let (used, flow) = if state.has_ssd || state.coop_enabled {
-                tokio::task::block_in_place(|| process(&state, &mut sess, &inbuf[consumed..], &mut out))
+                tokio::task::block_in_place(|| {
+                    process(&state, &mut sess, Some(&reg), &inbuf[consumed..], &mut out)
+                })
             } else {
-                process(&state, &mut sess, &inbuf[consumed..], &mut out)
+                process(&state, &mut sess, Some(&reg), &inbuf[consumed..], &mut out)
             };
             consumed += used;
             if !out.is_empty() {
@@ -452,10 +455,19 @@ async fn serve_session<S>(
 /// Handles the complete frames at the start of `buf` until the output passes its bound, a frame asks
 /// to close, or no complete frame is left. Returns the bytes consumed and the flow. An authenticated
 /// session's frames run inside its registration; a revoked one gets `auth_failed` and is closed. An
-/// unauthenticated session handles one frame (its HELLO) at most, with the HELLO frame limit.
-fn process(state: &ServerState, sess: &mut Session, buf: &[u8], out: &mut Vec<u8>) -> (usize, Flow) {
-    let reg = sess.registration().cloned();
-    let _live = match &reg {
+/// unauthenticated session handles one frame (its HELLO) at most, with the HELLO frame limit. `reg` is
+/// the session's registration (`None` before HELLO), passed in rather than cloned from `sess`: the
+/// `Arc` is shared by every session of the VM, and a clone per burst would write its count from every
+/// core.
+fn process(
+    state: &ServerState,
+    sess: &mut Session,
+    reg: Option<&Registration>,
+    buf: &[u8],
+    out: &mut Vec<u8>,
+) -> (usize, Flow) {
+    debug_assert_eq!(reg.map(|r| r.generation), sess.registration().map(|r| r.generation));
+    let _live = match reg {
         Some(r) => match r.enter() {
             Some(g) => Some(g),
             None => {
@@ -504,7 +516,8 @@ pub fn drive(state: &ServerState, sess: &mut Session, bytes: &[u8]) -> (Vec<u8>,
     let mut out = Vec::new();
     let mut at = 0;
     loop {
-        let (used, flow) = process(state, sess, &bytes[at..], &mut out);
+        let reg = sess.registration().cloned();
+        let (used, flow) = process(state, sess, reg.as_deref(), &bytes[at..], &mut out);
         at += used;
         if flow == Flow::Close || used == 0 {
             return (out, flow);

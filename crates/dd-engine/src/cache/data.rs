@@ -5,8 +5,10 @@
 //! own; SSD: a fresh slot), reserving room in the store and evicting if it is full (`evict`), and only
 //! then indexes the page under the lock of the key's pool shard; a refused put still invalidates the older
 //! copy of its key. A get takes an exclusive pool's page out of the index under the lock and copies it
-//! outside; a non-exclusive get copies memory pages under the lock and reads SSD pages outside it, validating the
-//! entry's version afterwards (a get may miss, never return stale bytes). Locations taken out of the
+//! outside; a non-exclusive get holds a memory page's frame for reading under the lock and copies it
+//! outside (`store::mem`: a held frame is freed only by its last reader; compressed halves are still
+//! decompressed under the lock), and reads SSD pages outside it, validating the entry's version
+//! afterwards (a get may miss, never return stale bytes). Locations taken out of the
 //! index are freed with no pool lock held.
 
 use super::{Cache, Shared, GROUP_DOMAINS};
@@ -82,6 +84,27 @@ impl Cache {
             });
         }
         self.shared.with_pool(vm, pool, |p| Ok(self.shared.get_batch_in(p, keys, out)))
+    }
+
+    /// [`PoolHandle::get_batch_each`] by id: found as [`Cache::get`] finds its pool (the thread's last
+    /// pool, else the table), so a data plane serving one pool from many threads takes no lock and
+    /// writes no reference count shared by them per batch (issue 28: a `PoolHandle` per request cloned
+    /// the pool's `Arc` and read-locked its table shard, lines every session of the pool wrote).
+    pub fn get_batch_each(
+        &self,
+        vm: VmId,
+        pool: PoolId,
+        keys: &[Key],
+        hit: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<usize, CacheError> {
+        self.check_batch(keys.len())?;
+        self.shared.with_pool(vm, pool, |p| Ok(self.shared.get_batch_each_in(p, keys, hit)))
+    }
+
+    /// Whether a get from this pool removes the page (the pool's `exclusive_gets`), found as
+    /// [`Cache::get_batch_each`] finds it.
+    pub fn exclusive_gets(&self, vm: VmId, pool: PoolId) -> Result<bool, CacheError> {
+        self.shared.with_pool(vm, pool, |p| Ok(p.exclusive_gets))
     }
 
     /// Invalidates one page. Returns whether a page was there.
@@ -230,10 +253,11 @@ impl PoolHandle {
     /// [`Cache::get_batch`] without an output buffer: each hit's page is handed to `hit(index, page)`
     /// once, borrowed from the store where it can be, so the caller copies it once, where it wants it
     /// (the daemon: straight into its slot of a response). **Hits come in no particular index order**
-    /// (a sharded pool's shard by shard; a one-shard pool's in increasing index order). In a
-    /// non-exclusive pool each shard's hits are handed over in place, under that shard's lock (which
-    /// keeps the frame from being freed or rewritten): `hit` must be short and must not call into the
-    /// cache. Otherwise the pages are read as by [`Cache::get_batch`] into a buffer first.
+    /// (a sharded pool's shard by shard; a one-shard pool's in increasing index order, compressed pages
+    /// first). In a non-exclusive pool the hits are handed over in place, from their frames, once every
+    /// shard is unlocked (a read hold keeps each frame from being freed or reused), except compressed
+    /// pages, decompressed under their shard's lock: `hit` must not call into the cache. Otherwise the
+    /// pages are read as by [`Cache::get_batch`] into a buffer first.
     pub fn get_batch_each(
         &self,
         keys: &[Key],
@@ -477,6 +501,14 @@ impl Shared {
         }
     }
 
+    /// Ends a read hold on a memory frame (`store::mem`); a frame freed while held is freed by its last
+    /// reader, who then gives its reservation back.
+    fn end_read(&self, f: FrameId) {
+        if self.mem.end_read(f) {
+            self.stores[0].release(1);
+        }
+    }
+
     /// Copies a location the caller owns (taken out of the index) into `out`.
     fn read_owned(&self, loc: Loc, out: &mut [u8]) -> bool {
         match loc {
@@ -514,9 +546,17 @@ impl Shared {
                 };
                 match loc {
                     Loc::Mem(f) => {
-                        self.mem.read(f, out);
                         g.counters.mem.gets_hit += 1;
                         g.touch_in(id, StoreKind::Mem);
+                        if f.is_half() {
+                            self.mem.read(f, out);
+                            return Some(StoreKind::Mem);
+                        }
+                        // Copied after the lock (a read hold keeps the frame), not under it.
+                        self.mem.hold_for_read(f);
+                        drop(g);
+                        self.mem.read(f, out);
+                        self.end_read(f);
                         return Some(StoreKind::Mem);
                     }
                     Loc::Ssd(slot) => (slot, g.entry(id).version),
@@ -568,36 +608,44 @@ impl Shared {
     /// per key, **one shard at a time, in shard order** (issue 28: a batch of random keys spans most of
     /// a pool's shards; holding them all for the batch's copies made every batch a pool-wide lock
     /// again, and visiting the keys in index order took a shard's lock once per key). Within a shard
-    /// every key is looked up and its frame prefetched before any page is handed over, so the frames'
-    /// first lines are on their way from memory while the copies run; each hit is handed over in place,
-    /// under its shard's lock, which keeps the frame from being freed or rewritten. A one-shard pool
-    /// (the lab's) locks once, and hands its hits over in index order. A hit on the SSD is read after
-    /// the shards, as by `get_shared`, with no lock held. Returns the number of hits.
+    /// every key is looked up, counted and its frame held for reading and prefetched; the pages are
+    /// handed over in place once every shard is unlocked (issue 28, item 2: copies outside every lock),
+    /// and the holds ended after (the last reader of a frame freed meanwhile frees it). A compressed
+    /// page is decompressed and handed over under its shard's lock. A one-shard pool (the lab's) locks
+    /// once, and hands its hits over in index order. A hit on the SSD is read after the shards, as by
+    /// `get_shared`, with no lock held. Returns the number of hits.
     fn get_batch_in_memory(&self, p: &Arc<Pool>, keys: &[Key], hit: &mut dyn FnMut(usize, &[u8])) -> usize {
         let order = by_shard(p, keys);
-        let mut found: Vec<(usize, u32, FrameId)> = Vec::with_capacity(keys.len());
+        // Memory hits held for reading (`store::mem`), copied once every shard is unlocked.
+        let mut held: Vec<(usize, FrameId)> = Vec::with_capacity(keys.len());
         let mut on_ssd: Vec<usize> = Vec::new();
         let mut n = 0;
         for group in order.chunk_by(|a, b| a.0 == b.0) {
             let mut g = p.lock_shard(group[0].0 as usize);
-            found.clear();
             for &(_, i) in group {
                 let i = i as usize;
                 match g.lookup_slot(keys[i]) {
                     None => g.counters.gets_missed += 1,
                     Some((id, Loc::Mem(f))) => {
-                        self.mem.prefetch(f);
-                        found.push((i, id, f));
+                        g.counters.mem.gets_hit += 1;
+                        g.touch_in(id, StoreKind::Mem);
+                        n += 1;
+                        if f.is_half() {
+                            // A compressed page is decompressed under the lock (halves are not held).
+                            self.mem.with_page(f, |page| hit(i, page));
+                        } else {
+                            self.mem.hold_for_read(f);
+                            self.mem.prefetch(f);
+                            held.push((i, f));
+                        }
                     }
                     Some((_, Loc::Ssd(_))) => on_ssd.push(i),
                 }
             }
-            for &(i, id, f) in &found {
-                self.mem.with_page(f, |page| hit(i, page));
-                g.counters.mem.gets_hit += 1;
-                g.touch_in(id, StoreKind::Mem);
-            }
-            n += found.len();
+        }
+        for (i, f) in held {
+            self.mem.with_page(f, |page| hit(i, page));
+            self.end_read(f);
         }
         if !on_ssd.is_empty() {
             let mut page = vec![0u8; self.page_size];

@@ -192,6 +192,7 @@ impl Shared {
         loop {
             let tree = self.tree.read();
             let _evicting = st.evict_lock.lock();
+            st.drain_credit();
             if st.reserved.load(Ordering::Relaxed) <= st.capacity.load(Ordering::Relaxed) {
                 return;
             }
@@ -199,5 +200,88 @@ impl Shared {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Maintenance, MemStoreConfig};
+    use crate::{Cache, EngineConfig, Key, PoolOptions, Spec, VmId, VmWeights};
+    use std::sync::atomic::Ordering;
+
+    fn cache(pages: u64) -> Cache {
+        let cfg = EngineConfig {
+            page_size_bytes: 512,
+            mem: MemStoreConfig { capacity_bytes: pages * 512, ..Default::default() },
+            ssd: None,
+            maintenance: Maintenance::Inline,
+            ..Default::default()
+        };
+        let cache = Cache::new(cfg).unwrap();
+        cache.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
+        cache
+    }
+
+    /// Issue 28, item 3: every put added one to the store's reservation counter and every get (and
+    /// free) took one off, so all threads of a host wrote one cache line on every operation. Now a
+    /// thread reserves from its own stripe's credit and the shared counter moves once per block: in a
+    /// steady put-get loop of one thread it does not move at all.
+    #[test]
+    fn regression_every_put_and_get_wrote_the_store_wide_reservation() {
+        let cache = cache(1024);
+        let pool = cache.new_pool(VmId(1), PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+        let reserved = || cache.shared.stores[0].reserved.load(Ordering::Relaxed);
+        let mut out = [0u8; 512];
+        // Warm up: the thread's stripe takes its credit.
+        for i in 0..4 {
+            cache.put(VmId(1), pool, Key::new(0, i), &[1; 512]).unwrap();
+            assert!(cache.get(VmId(1), pool, Key::new(0, i), &mut out).unwrap());
+        }
+        let before = reserved();
+        for i in 0..1000 {
+            cache.put(VmId(1), pool, Key::new(1, i), &[2; 512]).unwrap();
+            assert_eq!(reserved(), before, "put {i} wrote the shared reservation");
+            assert!(cache.get(VmId(1), pool, Key::new(1, i), &mut out).unwrap());
+            assert_eq!(reserved(), before, "get {i} wrote the shared reservation");
+        }
+        assert_eq!(cache.host_stats().stores[0].used_pages, 0);
+        cache.check_invariants().unwrap();
+    }
+
+    /// The reservation's credit is room, not use: a thread whose stripe holds freed pages as credit
+    /// does not make another thread's puts evict (or be refused) while the store has room.
+    #[test]
+    fn credit_another_thread_holds_is_room_for_this_one() {
+        const PAGES: u64 = 512;
+        let cache = cache(PAGES);
+        let a = cache.new_pool(VmId(1), PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+        let b = cache.new_pool(VmId(1), PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
+        // Another thread puts and gets back 100 pages: its stripe keeps some of them as credit.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut out = [0u8; 512];
+                for i in 0..100 {
+                    cache.put(VmId(1), a, Key::new(0, i), &[1; 512]).unwrap();
+                }
+                for i in 0..100 {
+                    assert!(cache.get(VmId(1), a, Key::new(0, i), &mut out).unwrap());
+                }
+            });
+        });
+        let held: u64 = cache.shared.stores[0].credit.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        assert!(held > 0, "the other thread's stripe holds no credit: the test tests nothing");
+        assert_eq!(cache.host_stats().stores[0].used_pages, 0);
+        // This thread fills the whole store: every put is stored and nothing is evicted.
+        for i in 0..PAGES {
+            let r = cache.put(VmId(1), b, Key::new(1, i), &[2; 512]).unwrap();
+            assert!(r.is_stored(), "put {i} of {PAGES} refused");
+        }
+        let st = cache.pool_stats(VmId(1), b).unwrap();
+        assert_eq!((st.counters.mem.used, st.counters.mem.evictions), (PAGES, 0));
+        assert_eq!(cache.host_stats().stores[0].used_pages, PAGES);
+        // One more evicts exactly as a full store does.
+        assert!(cache.put(VmId(1), b, Key::new(1, PAGES), &[2; 512]).unwrap().is_stored());
+        assert!(cache.pool_stats(VmId(1), b).unwrap().counters.mem.evictions > 0);
+        cache.check_invariants().unwrap();
     }
 }

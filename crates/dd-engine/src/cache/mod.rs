@@ -21,8 +21,10 @@
 //! # Where the expensive work happens
 //! Page copies into fresh frames, SSD reads and writes, and freeing frames and slots all happen with no
 //! pool lock held: an operation takes a location out of (or puts it into) the index under the lock and
-//! does the rest outside. Two exceptions copy 4 KiB under the key's pool-shard lock because the page
-//! stays indexed and must not be freed mid-copy: non-exclusive memory hits and demotion reads.
+//! does the rest outside. A non-exclusive memory hit leaves its page indexed: it holds the frame for
+//! reading under the lock and copies it after (`store::mem`: a frame freed while held is freed by its
+//! last reader). Two exceptions still copy under the key's pool-shard lock: compressed (half-frame)
+//! hits, which are decompressed, and demotion reads.
 //!
 //! # Invariants
 //! * A page key is indexed in at most one tier of one pool (exclusive caching, and "each page in exactly
@@ -30,8 +32,9 @@
 //! * A get returns the bytes of the latest put of that key that completed before it, or misses. Puts are
 //!   ordered by the pool lock; a page that left the index is never returned (optimistic SSD reads are
 //!   validated against the entry's version after the read).
-//! * `stores[s].reserved` = pages indexed in store `s` + pages in flight (reserved, not yet indexed or
-//!   freed). At quiescence it equals the sum of the pools' `used`.
+//! * `stores[s].used()` (the shared reservation less the stripes' credit, `StoreState`) = pages indexed
+//!   in store `s` + pages in flight (reserved, not yet indexed or freed). At quiescence it equals the
+//!   sum of the pools' `used`.
 //! * Per pool shard and store the statistics identity holds whenever the shard's lock is free, and so
 //!   for the pool's counters, which are the sum of its shards' read one shard lock at a time.
 //!
@@ -92,10 +95,26 @@ thread_local! {
     static LAST_POOL: std::cell::Cell<Option<(u64, Arc<Pool>)>> = const { std::cell::Cell::new(None) };
 }
 
+/// Reservation credit a stripe takes from a store's shared counter at once; a stripe holding more than
+/// twice this after frees gives the excess back.
+const CREDIT_BLOCK: u64 = 32;
+
+/// A store's capacity and reservation. The reservation is split so that a put and a get write no cache
+/// line shared by all threads (issue 28, item 3): `reserved` counts pages in use plus the **credit** the
+/// stripes hold (reserved, not yet used), and each thread takes pages from and gives freed pages back to
+/// its own stripe's credit (`crate::stripe`), touching `reserved` once per [`CREDIT_BLOCK`] pages.
+///
+/// A store never refuses or evicts while it has room: a reservation the shared counter cannot give
+/// first gathers every stripe's credit back into it ([`Self::drain_credit`]) and tries again, so with one
+/// thread a put fails exactly when the pages in use reach the capacity, as with one counter. Concurrent
+/// threads can still race as they could with one counter (a page freed just after a put found the
+/// store full).
 struct StoreState {
     capacity: AtomicU64,
-    /// Written by every put and get: on its own cache line.
+    /// Pages in use plus the stripes' credit; at most `capacity` (except just after a shrink).
     reserved: CachePadded<AtomicU64>,
+    /// Per stripe: pages reserved in `reserved` and not in use.
+    credit: Box<[CachePadded<AtomicU64>]>,
     evict_lock: Mutex<()>,
 }
 
@@ -104,11 +123,34 @@ impl StoreState {
         StoreState {
             capacity: AtomicU64::new(capacity),
             reserved: CachePadded::new(AtomicU64::new(0)),
+            credit: (0..crate::stripe::STRIPES).map(|_| CachePadded::new(AtomicU64::new(0))).collect(),
             evict_lock: Mutex::new(()),
         }
     }
 
+    /// Reserves `n` pages: from this thread's credit, else from the shared counter (with a block of
+    /// credit while the store has room for it), else from every stripe's credit gathered back.
     fn try_reserve(&self, n: u64) -> bool {
+        let credit = &self.credit[crate::stripe::index()];
+        let mut cur = credit.load(Ordering::Relaxed);
+        while cur >= n {
+            match credit.compare_exchange_weak(cur, cur - n, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+        if self.take_shared(n + CREDIT_BLOCK) {
+            credit.fetch_add(CREDIT_BLOCK, Ordering::AcqRel);
+            return true;
+        }
+        if self.take_shared(n) {
+            return true;
+        }
+        self.drain_credit() > 0 && self.take_shared(n)
+    }
+
+    /// Takes `n` pages of the shared counter if they fit the capacity.
+    fn take_shared(&self, n: u64) -> bool {
         let cap = self.capacity.load(Ordering::Relaxed);
         let mut cur = self.reserved.load(Ordering::Relaxed);
         loop {
@@ -122,9 +164,41 @@ impl StoreState {
         }
     }
 
+    /// Gives back `n` pages no longer in use, to this thread's credit (the excess over one block to the
+    /// shared counter once the credit passes two blocks).
     fn release(&self, n: u64) {
-        let prev = self.reserved.fetch_sub(n, Ordering::AcqRel);
-        debug_assert!(prev >= n, "store reservation underflow");
+        let credit = &self.credit[crate::stripe::index()];
+        let now = credit.fetch_add(n, Ordering::AcqRel) + n;
+        if now > 2 * CREDIT_BLOCK
+            && credit.compare_exchange(now, CREDIT_BLOCK, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
+            let prev = self.reserved.fetch_sub(now - CREDIT_BLOCK, Ordering::AcqRel);
+            debug_assert!(prev >= now - CREDIT_BLOCK, "store reservation underflow");
+        }
+    }
+
+    /// Moves every stripe's credit back into the shared counter; returns how many pages that freed.
+    fn drain_credit(&self) -> u64 {
+        let mut freed = 0;
+        for c in self.credit.iter() {
+            // Read first: most stripes hold nothing, and a swap would take each line exclusively.
+            if c.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let x = c.swap(0, Ordering::AcqRel);
+            if x > 0 {
+                let prev = self.reserved.fetch_sub(x, Ordering::AcqRel);
+                debug_assert!(prev >= x, "store reservation underflow");
+                freed += x;
+            }
+        }
+        freed
+    }
+
+    /// Pages in use (reserved and not held as credit). Exact when no reservation is in flight.
+    fn used(&self) -> u64 {
+        let credit: u64 = self.credit.iter().map(|c| c.load(Ordering::Acquire)).sum();
+        self.reserved.load(Ordering::Acquire).saturating_sub(credit)
     }
 }
 

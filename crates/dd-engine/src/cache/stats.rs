@@ -77,7 +77,7 @@ impl Cache {
                     kind: s,
                     configured: s == StoreKind::Mem || self.shared.ssd.is_some(),
                     capacity_pages: self.capacity_pages(s),
-                    used_pages: self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed),
+                    used_pages: self.shared.stores[s.idx()].used(),
                 })
                 .collect(),
             vms,
@@ -140,7 +140,7 @@ impl Cache {
             }
         }
         for s in StoreKind::ALL {
-            let reserved = self.shared.stores[s.idx()].reserved.load(Ordering::Relaxed);
+            let reserved = self.shared.stores[s.idx()].used();
             if s == StoreKind::Mem && (self.shared.dedup.is_some() || self.shared.compress) {
                 // Reservations count whole frames; pools count pages, which may share a frame (equal
                 // content) or half of one (compressed).

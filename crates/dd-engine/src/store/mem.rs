@@ -12,6 +12,15 @@
 //! pool. Only the owner reads or writes the frame's bytes. `alloc` transfers ownership to the caller;
 //! `free` takes it back. The engine never keeps a frame reachable from an index after freeing it.
 //!
+//! **Read holds** (issue 28: page copies outside every lock). A non-exclusive get leaves its page
+//! indexed, so it may not own the frame; it [`MemStore::hold_for_read`]s the frame under its pool's lock
+//! instead and copies it after releasing the lock. A held frame is never written (an indexed frame's
+//! bytes never change) and never returns to the allocator: `free` of a held frame only marks it
+//! (`FREED_WHILE_HELD`), and the last [`MemStore::end_read`] frees it. A hold is taken only while the
+//! frame is indexed and under the lock that indexes it, so no hold begins after the frame was removed:
+//! the remover's `free` sees every hold that is still open. Half frames (compressed pages) are not
+//! held; their readers decompress them under the lock.
+//!
 //! Capacity accounting (how many frames may be in use) is done by the cache's store reservation, not
 //! here; this type only guarantees that `alloc` succeeds while fewer than `limit` frames are in use.
 //!
@@ -25,7 +34,7 @@
 use super::frame::{FrameId, MAX_FRAMES};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Bookkeeping of half frames (under one lock: compressed puts are rarer than the copy they save).
 #[derive(Debug, Default)]
@@ -48,7 +57,13 @@ impl Zbud {
     }
 }
 
-const STACKS: usize = 8;
+/// Free stacks: a thread pushes and pops its own (`crate::stripe`), so at most `STRIPES / STACKS`
+/// threads meet on one; at 16 cores and more, 8 stacks put two or more runtime threads on each.
+const STACKS: usize = 32;
+
+/// A frame's read-hold word (`MemStore::holds`): the number of open holds, and this bit once the frame
+/// was freed while held (the last `end_read` then frees it).
+const FREED_WHILE_HELD: u32 = 1 << 31;
 
 pub struct MemStore {
     base: *mut u8,
@@ -61,8 +76,9 @@ pub struct MemStore {
     limit: AtomicU32,
     /// Padded: threads work on different stacks, and two stacks in one cache line would ping-pong it.
     stacks: [CachePadded<Mutex<Vec<u32>>>; STACKS],
-    next_stack: AtomicUsize,
     zbud: Mutex<Zbud>,
+    /// Per frame: its read holds (module docs), zero for a frame nobody holds.
+    holds: Box<[AtomicU32]>,
 }
 
 // SAFETY: the arena is a plain memory mapping; concurrent access to distinct frames is coordinated by
@@ -79,10 +95,6 @@ impl std::fmt::Debug for MemStore {
             .field("bump", &self.bump.load(Ordering::Relaxed))
             .finish()
     }
-}
-
-thread_local! {
-    static STACK_HINT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
 }
 
 impl MemStore {
@@ -114,8 +126,8 @@ impl MemStore {
             bump: AtomicU32::new(0),
             limit: AtomicU32::new(limit.min(max_frames)),
             stacks: std::array::from_fn(|_| CachePadded::new(Mutex::new(Vec::new()))),
-            next_stack: AtomicUsize::new(0),
             zbud: Mutex::new(Zbud::default()),
+            holds: zeroed_words(max_frames as usize),
         })
     }
 
@@ -142,14 +154,7 @@ impl MemStore {
     }
 
     fn my_stack(&self) -> usize {
-        STACK_HINT.with(|h| {
-            let mut v = h.get();
-            if v == usize::MAX {
-                v = self.next_stack.fetch_add(1, Ordering::Relaxed);
-                h.set(v);
-            }
-            v % STACKS
-        })
+        crate::stripe::index() % STACKS
     }
 
     /// Takes a free frame. Returns `None` only if every frame up to `max_frames` is in use, which the
@@ -208,6 +213,36 @@ impl MemStore {
             z.unbuddied.push(f);
             return false;
         }
+        let holds = &self.holds[frame.0 as usize];
+        if holds.load(Ordering::Acquire) != 0 {
+            // Readers still copy it: the last one frees it (`end_read`), unless all just finished.
+            if holds.fetch_or(FREED_WHILE_HELD, Ordering::AcqRel) != 0 {
+                return false;
+            }
+            holds.store(0, Ordering::Relaxed);
+        }
+        self.free_frame(frame.0);
+        true
+    }
+
+    /// Holds a whole frame for reading with no lock held (module docs). Call only under the lock of a
+    /// pool that indexes the frame; end with [`Self::end_read`].
+    pub fn hold_for_read(&self, frame: FrameId) {
+        assert!(!frame.is_half(), "half frames are read under their pool's lock, not held");
+        let prev = self.holds[frame.0 as usize].fetch_add(1, Ordering::Acquire);
+        crate::invariant!(prev & FREED_WHILE_HELD == 0, "a hold on frame {}, already freed", frame.0);
+    }
+
+    /// Ends a read hold. Returns true when this freed the frame (it was freed while held and this was
+    /// the last hold): the caller then gives its reservation back, as after a `free` that returned true.
+    pub fn end_read(&self, frame: FrameId) -> bool {
+        let word = &self.holds[frame.0 as usize];
+        let prev = word.fetch_sub(1, Ordering::AcqRel);
+        crate::invariant!(prev & !FREED_WHILE_HELD != 0, "end_read of frame {} with no hold", frame.0);
+        if prev != FREED_WHILE_HELD | 1 {
+            return false;
+        }
+        word.store(0, Ordering::Relaxed);
         self.free_frame(frame.0);
         true
     }
@@ -345,8 +380,9 @@ impl MemStore {
             return self.read_half(frame, out);
         }
         let src = self.frame_ptr(frame);
-        // SAFETY: src points to page_size bytes inside the mapping; the caller owns the frame or holds the
-        // lock of the pool that owns it, so no writer exists; `out` cannot alias the arena.
+        // SAFETY: src points to page_size bytes inside the mapping; the caller owns the frame, holds the
+        // lock of the pool that owns it or holds it for reading, so no writer exists; `out` cannot alias
+        // the arena.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), self.page_size) }
     }
 
@@ -361,8 +397,9 @@ impl MemStore {
         let src = self.frame_ptr(frame);
         // SAFETY: src points to page_size initialised bytes inside the mapping (frame_ptr checks the
         // range; frames are written before they are indexed). The slice lives only for this call, during
-        // which the caller owns the frame or holds its pool's lock, so the frame is neither freed, nor
-        // reused, nor written meanwhile: no `&mut` to these bytes exists while the shared slice does.
+        // which the caller owns the frame, holds its pool's lock or holds it for reading, so the frame is
+        // neither freed, nor reused, nor written meanwhile: no `&mut` to these bytes exists while the
+        // shared slice does.
         let page = unsafe { std::slice::from_raw_parts(src as *const u8, self.page_size) };
         f(page)
     }
@@ -403,6 +440,18 @@ impl MemStore {
     }
 }
 
+/// `n` zeroed atomic words, from the allocator's zeroed memory: for a large arena's table the kernel
+/// supplies zero pages on first touch, so words of frames never held cost no memory.
+fn zeroed_words(n: usize) -> Box<[AtomicU32]> {
+    const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<u32>());
+    let words = std::mem::ManuallyDrop::new(vec![0u32; n]);
+    let (ptr, len, cap) = (words.as_ptr() as *mut u32, words.len(), words.capacity());
+    // SAFETY: the allocation is `vec![0u32; n]`'s, given up by the ManuallyDrop above; `AtomicU32` has
+    // the size and bit validity of `u32` and (asserted above) its alignment, so the layout the vector was
+    // allocated with is the layout of `cap` atomic words, and zero is a valid value of each.
+    unsafe { Vec::from_raw_parts(ptr.cast::<AtomicU32>(), len, cap) }.into_boxed_slice()
+}
+
 impl Drop for MemStore {
     fn drop(&mut self) {
         // SAFETY: base/map_len are exactly what mmap returned; no frame can be in use once the store is
@@ -416,6 +465,33 @@ impl Drop for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frame freed while held for reading stays out of the allocator until its last hold ends, and
+    /// that `end_read` is the one that frees it (and says so).
+    #[test]
+    fn a_frame_freed_while_held_is_freed_by_its_last_reader() {
+        let m = MemStore::new(512, 4, 2).unwrap();
+        let a = m.alloc().unwrap();
+        m.write(a, &[7u8; 512]);
+        m.hold_for_read(a);
+        m.hold_for_read(a);
+        assert!(!m.free(a), "a held frame was freed at once");
+        let others: Vec<FrameId> = (0..3).map(|_| m.alloc().unwrap()).collect();
+        assert!(!others.contains(&a), "a held frame was handed out again: {others:?}");
+        let mut out = vec![0u8; 512];
+        m.read(a, &mut out);
+        assert!(out.iter().all(|&x| x == 7));
+        assert!(!m.end_read(a));
+        assert!(m.end_read(a), "the last reader must free it");
+        assert_eq!(m.alloc(), Some(a));
+        for f in others {
+            assert!(m.free(f));
+        }
+        // Holds that end before the free leave nothing behind: the free is immediate.
+        m.hold_for_read(a);
+        assert!(!m.end_read(a));
+        assert!(m.free(a));
+    }
 
     #[test]
     fn alloc_respects_the_limit_and_recycles() {
