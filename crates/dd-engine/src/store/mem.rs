@@ -235,16 +235,7 @@ impl MemStore {
 
     /// Starts loading a frame's hold word into the CPU caches (a hold follows shortly).
     pub fn prefetch_hold(&self, frame: FrameId) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.holds[frame.frame() as usize].as_ptr() as *const i8;
-            // SAFETY: a prefetch does not access memory architecturally and cannot fault; the address is
-            // an element of `holds` anyway (indexing checked it).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = frame;
+        prefetch_line(self.holds[frame.0 as usize].as_ptr().cast_const().cast());
     }
 
     /// Ends a read hold. Returns true when this freed the frame (it was freed while held and this was
@@ -433,18 +424,10 @@ impl MemStore {
     /// Hints the CPU to start loading the first cache lines of a frame (a get is about to copy it). A
     /// hint only: it never faults and never changes memory.
     pub fn prefetch(&self, frame: FrameId) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.frame_ptr(FrameId(frame.frame())) as *const i8;
-            for line in 0..16 {
-                // SAFETY: prefetch instructions do not access memory architecturally and cannot fault; the
-                // address is inside the mapping anyway (frame_ptr checks the frame number).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(line * 64)) };
-            }
+        let p = self.frame_ptr(FrameId(frame.frame())).cast_const();
+        for line in 0..16 {
+            prefetch_line(p.wrapping_add(line * 64));
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = frame;
     }
 
     /// Frames ever handed out (an upper bound on committed memory, in frames).
@@ -452,6 +435,20 @@ impl MemStore {
     fn high_water_frames(&self) -> u32 {
         self.bump.load(Ordering::Relaxed)
     }
+}
+
+/// Hints the CPU to start loading the cache line at `p` (a no-op where there is no prefetch instruction).
+/// Safe for any address: a prefetch does not access memory architecturally and never faults.
+#[inline]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch instructions do not access memory architecturally and cannot fault, whatever
+    // the address; the callers pass addresses inside the arena or the hold words anyway.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// `n` zeroed atomic words, from the allocator's zeroed memory: for a large arena's table the kernel
