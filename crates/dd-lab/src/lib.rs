@@ -4,10 +4,13 @@
 //! patterns (Filebench personalities, an anonymous-memory key-value store, block traces), with the real
 //! DoubleDecker cache store as the hypervisor's second-chance cache (SPEC section 10).
 //!
-//! Layers, each a folder, each importing only the ones above it in this list (`scripts/module-cycles`
-//! checks that no two modules import each other):
+//! Layers, each a folder (or a file), each importing only the ones above it in this list
+//! (`scripts/module-cycles` checks that no two modules import each other):
+//! * [`record`]: what a run produces (samples, totals, the provisioners' decisions), plain data.
 //! * [`scenario`]: plain data and validation (the TOML format, defaults, `validate()`, scaling; the
-//!   workloads' and checks' settings, `scenario::memctl`, `scenario::provision`; [`bundled`]).
+//!   workloads' settings, `scenario::memctl`, `scenario::provision`; [`bundled`]) and the check kinds,
+//!   one module each with its settings, validation, scaling and evaluation on a run's record
+//!   (`scenario::checks`, D38).
 //! * [`model`]: the guest kernel (page cache, memcgs, LRU lists, reclaim; `guest::memctl`, the VM memory
 //!   controller of thesis 000 chapter 4), the workloads (Filebench personalities, traces), the key-value
 //!   stores and YCSB.
@@ -15,8 +18,8 @@
 //!   and the I/O path, the calls into the second-chance cache (`sim::backend`: the in-process engine;
 //!   `sim::remote`: a running daemon), online curves (`sim::streams`), the VM-level provisioner's
 //!   decisions, effective entitlements and the memory budget of a run (`sim::budget`).
-//! * [`results`]: checks (`results::checks`), `summary.json` and `timeseries.csv` (`results::report`),
-//!   PNGs and HTML (`results::plot`).
+//! * [`results`]: searches collapsed to their best candidate (`results::search`), `summary.json` and
+//!   `timeseries.csv` (`results::report`), PNGs and HTML (`results::plot`).
 //!
 //! This file runs a scenario: [`prepare`] (validate, scale, plan memory) and [`run_prepared`] (variants
 //! on threads, then checks).
@@ -33,6 +36,7 @@
 pub mod error;
 pub mod mixes;
 pub mod model;
+pub mod record;
 pub mod results;
 pub mod scenario;
 pub mod sim;
@@ -43,7 +47,6 @@ pub use results::{CheckResult, ScenarioResult};
 pub use scenario::{bundled, Scenario};
 
 use backend::{BackendConfig, EngineBackend, Stamped};
-use results::checks;
 use sim::{backend, budget, remote};
 use std::path::PathBuf;
 
@@ -189,8 +192,8 @@ pub fn run_prepared(
     } else {
         run_parallel(&variants, jobs, &run_variant, progress)?
     };
-    let (runs, searches) = checks::provision::collapse(scaled, &variants, runs);
-    let checks = checks::evaluate(scaled, &runs);
+    let (runs, searches) = results::search::collapse(scaled, &variants, runs);
+    let checks = scenario::checks::evaluate(scaled, &runs);
     Ok(ScenarioResult { scenario: scaled.clone(), scale: prepared.scale, runs, checks, searches })
 }
 

@@ -11,7 +11,7 @@
 //!    `target_fraction` of its mean throughput there over the window, rounded down to three significant
 //!    figures. So a static allocation meets every target by construction.
 //! 3. **Runs.** The provisioner variant runs with those targets; the best static allocation is the
-//!    sweep's runs collapsed as the lab collapses a search (`results::checks::provision::collapse`: most
+//!    sweep's runs collapsed as the lab collapses a search (`results::search::collapse`: most
 //!    targets met over the window, then the highest total throughput).
 //! 4. **Scores** ([`MixOutcome`]), with the lab's check semantics: a target is met when the mean over the
 //!    window meets it (`targets`), time below target is the sum of the sampling intervals below it
@@ -24,7 +24,10 @@
 //! same seeds and knobs give the same outcomes, tables and files, whatever `jobs`.
 
 use crate::error::LabError;
-use crate::results::checks::{measure, provision as prov_checks};
+use crate::results::search as prov_checks;
+use crate::scenario::checks::measure;
+use crate::scenario::checks::targets::standing;
+use crate::scenario::checks::violation::violation_s;
 use crate::scenario::mixgen::{self, MixConfig, MixKind, PROVISIONER, STATIC};
 use crate::scenario::{Measure, Metric, Scenario};
 use crate::sim::Decision;
@@ -267,8 +270,8 @@ pub fn run_mix(seed: u64, opts: &MixOptions, progress: &mut dyn FnMut(f64)) -> R
         let score = |r: &RunResult| -> (bool, f64) {
             match t {
                 Some(t) => (
-                    prov_checks::standing(&runs, &r.variant, &c.name, t, Some(from), None).is_ok_and(|s| s.0),
-                    prov_checks::violation_s(&scaled, r, &c.name, t, from, r.duration_s),
+                    standing(&runs, &r.variant, &c.name, t, Some(from), None).is_ok_and(|s| s.0),
+                    violation_s(&scaled, r, &c.name, t, from, r.duration_s),
                 ),
                 None => (true, 0.0),
             }

@@ -18,11 +18,11 @@
 //! A search as a sweep: each candidate's point runs the searching variant with its `search` narrowed to
 //! that candidate (`scenario::provision::candidates`), so the candidate runs under its own name with its
 //! own overrides and is scored as the whole search scores it; [`gather`] picks the best with the same
-//! rule (`results::checks::provision::best`). A candidate's run does not depend on the others, so the
+//! rule (`results::search::best`). A candidate's run does not depend on the others, so the
 //! candidates' scores and the pick equal `summary.json`'s `searches` entry of `lab run`.
 
 use crate::error::LabError;
-use crate::results::checks::provision::{self as prov_checks, Candidate};
+use crate::results::search::{self as prov_checks, Candidate};
 use crate::scenario::provision::Pick;
 use crate::scenario::{bundled, Scenario};
 use crate::sim::budget;

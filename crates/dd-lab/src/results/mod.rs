@@ -1,8 +1,8 @@
 //! The results layer: what a scenario's runs mean and what is written about them. Reads the runs
 //! (`crate::sim::RunResult`) and the scenario (`crate::scenario`); nothing below it imports it.
 //!
-//! Owns [`ScenarioResult`] (the runs, checks and searches of one scenario), [`checks`] (every check
-//! kind's evaluation, the provisioner's searches collapsed to their best candidate), [`report`]
+//! Owns [`ScenarioResult`] (the runs, checks and searches of one scenario), [`search`] (searches
+//! collapsed to their best candidate; the checks themselves are `crate::scenario::checks`), [`report`]
 //! (`summary.json`, `timeseries.csv`) and [`plot`] (PNGs, `report.html`, the index page).
 //!
 //! Everything written here is a function of the runs' emulated results only: no wall-clock time, no
@@ -10,13 +10,14 @@
 //! `summary.json` and `timeseries.csv`. Timing fields (wall seconds, accesses per second) are printed by
 //! the command line and never written into these two files.
 
-pub mod checks;
 pub mod plot;
 pub mod report;
+pub mod search;
+
+pub use crate::scenario::checks::CheckResult;
 
 use crate::scenario::Scenario;
 use crate::sim::RunResult;
-use serde::Serialize;
 
 /// A scenario's runs (one per variant) and its checks.
 #[derive(Debug, Clone)]
@@ -28,7 +29,7 @@ pub struct ScenarioResult {
     pub runs: Vec<RunResult>,
     pub checks: Vec<CheckResult>,
     /// Searching variants: every candidate tried and the one in `runs` under the variant's name.
-    pub searches: Vec<checks::provision::SearchResult>,
+    pub searches: Vec<search::SearchResult>,
 }
 
 impl ScenarioResult {
@@ -38,11 +39,4 @@ impl ScenarioResult {
     pub fn accesses(&self) -> u64 {
         self.runs.iter().map(|r| r.accesses).sum()
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CheckResult {
-    pub name: String,
-    pub passed: bool,
-    pub detail: String,
 }

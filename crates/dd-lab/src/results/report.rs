@@ -51,7 +51,7 @@ struct Summary<'a> {
     duration_s: f64,
     variants: Vec<VariantSummary<'a>>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    searches: &'a [super::checks::provision::SearchResult],
+    searches: &'a [super::search::SearchResult],
     checks: &'a [CheckResult],
     all_passed: bool,
 }

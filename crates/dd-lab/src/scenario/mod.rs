@@ -587,50 +587,8 @@ impl Scenario {
                 se.scale(k);
             }
         }
-        let sm = |m: &mut Measure| {
-            m.from_s = m.from_s.map(|x| x * k);
-            m.to_s = m.to_s.map(|x| x * k);
-        };
         for c in &mut s.checks {
-            match &mut c.kind {
-                CheckKind::Ratio { lhs, rhs, .. } => {
-                    sm(lhs);
-                    sm(rhs);
-                }
-                CheckKind::Value { lhs, min, max } => {
-                    sm(lhs);
-                    // Sizes and page counts shrink with the scenario; rates and ratios do not.
-                    if matches!(
-                        lhs.metric,
-                        Metric::CacheUsed
-                            | Metric::MemUsed
-                            | Metric::SsdUsed
-                            | Metric::MemEntitlement
-                            | Metric::MemEffectiveEntitlement
-                            | Metric::SsdEntitlement
-                            | Metric::SsdEffectiveEntitlement
-                            | Metric::Evictions
-                    ) {
-                        *min *= k;
-                        *max = max.map(|x| x * k);
-                    }
-                }
-                CheckKind::Entitlement { from_s, to_s, .. } => {
-                    *from_s *= k;
-                    *to_s *= k;
-                }
-                CheckKind::Spread { from_s, to_s, .. } => {
-                    *from_s = from_s.map(|x| x * k);
-                    *to_s = to_s.map(|x| x * k);
-                }
-                CheckKind::Coherent => {}
-                CheckKind::MemRatio(m) => m.scale(k),
-                CheckKind::ExceedGap(m) => m.scale(k),
-                CheckKind::ReclaimMode(m) => m.scale(k),
-                CheckKind::Protected(m) => m.scale(k),
-                CheckKind::Targets(m) => m.scale(k),
-                CheckKind::Violation(m) => m.scale(k),
-            }
+            c.kind.spec_mut().scale(k);
         }
         s
     }

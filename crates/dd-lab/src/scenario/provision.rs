@@ -1,6 +1,6 @@
 //! Scenario data of provisioning (SPEC section 10b): a VM's provisioner settings (`[vms.provision]`),
-//! searches over static settings (a variant's `search`), and the checks on targets (`targets`,
-//! `violation`). Containers carry their `target` (the [`dd_provision::Target`] type, in the container
+//! searches over static settings (a variant's `search`). The checks on targets (`targets`, `violation`)
+//! are kinds of `super::checks`. Containers carry their `target` (the [`dd_provision::Target`] type, in the container
 //! table). `docs/scenario-format.md` is the user's reference.
 //!
 //! Invariants after validation (called from [`super::Scenario::validate`]): every container named exists
@@ -336,89 +336,6 @@ pub fn candidates(v: &Variant, vm_memory: &dyn Fn(&str) -> Option<(String, f64)>
         out.push((c, narrowed));
     }
     out
-}
-
-/// A check on the containers' targets (`kind = "targets"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TargetsCheck {
-    /// Variant (a searching variant stands for its best candidate); default the first.
-    #[serde(default)]
-    pub variant: Option<String>,
-    /// Containers; default every container with a target.
-    #[serde(default)]
-    pub entities: Vec<String>,
-    /// `met` (default): each meets its target over the window; `missed`: each misses it;
-    /// `not_all_met`: at least one misses it.
-    #[serde(default)]
-    pub expect: Expect,
-    #[serde(default)]
-    pub from_s: Option<f64>,
-    #[serde(default)]
-    pub to_s: Option<f64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Expect {
-    #[default]
-    Met,
-    Missed,
-    NotAllMet,
-}
-
-/// Time below target of one variant against another's (`kind = "violation"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ViolationCheck {
-    pub variant: String,
-    pub baseline: String,
-    /// Containers; default every container with a target.
-    #[serde(default)]
-    pub entities: Vec<String>,
-    /// The variant's total time in violation is at most this fraction of the baseline's.
-    pub max_ratio: f64,
-    #[serde(default)]
-    pub from_s: Option<f64>,
-    #[serde(default)]
-    pub to_s: Option<f64>,
-}
-
-impl TargetsCheck {
-    pub(crate) fn scale(&mut self, k: f64) {
-        self.from_s = self.from_s.map(|x| x * k);
-        self.to_s = self.to_s.map(|x| x * k);
-    }
-}
-
-impl ViolationCheck {
-    pub(crate) fn scale(&mut self, k: f64) {
-        self.from_s = self.from_s.map(|x| x * k);
-        self.to_s = self.to_s.map(|x| x * k);
-    }
-}
-
-/// Validates the containers and variants a targets or violation check names.
-pub(crate) fn validate_check_names(
-    p: &str,
-    variants: &[&Option<String>],
-    entities: &[String],
-    var_names: &HashSet<String>,
-    targeted: &HashSet<String>,
-) -> Result<(), LabError> {
-    if variants.iter().any(|v| v.as_ref().is_some_and(|v| !var_names.contains(v))) {
-        return Err(LabError::invalid(&format!("{p}.variant"), "no such variant"));
-    }
-    if let Some(e) = entities.iter().find(|e| !targeted.contains(*e)) {
-        return Err(LabError::invalid(
-            &format!("{p}.entities"),
-            format!("{e} is not a container with a target"),
-        ));
-    }
-    if targeted.is_empty() {
-        return Err(LabError::invalid(p, "no container has a target"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -201,97 +201,18 @@ impl Scenario {
             .filter(|(_, _, c)| c.target.is_some())
             .map(|(_, _, c)| c.name.clone())
             .collect();
-        let entity_ok = |e: &str| ct_names.contains(e) || vm_names.contains(e);
-        let variant_ok = |v: &Option<String>| v.as_ref().is_none_or(|v| var_names.contains(v));
-        let check_measure = |m: &Measure, p: &str| -> Result<(), LabError> {
-            if !entity_ok(&m.entity) {
-                return Err(LabError::invalid(&format!("{p}.entity"), "no such container or VM"));
-            }
-            if !variant_ok(&m.variant) {
-                return Err(LabError::invalid(&format!("{p}.variant"), "no such variant"));
-            }
-            Ok(())
+        let names = checks::Names {
+            containers: &ct_names,
+            vms: &vm_names,
+            variants: &var_names,
+            targeted: &targeted,
         };
         for (i, c) in self.checks.iter().enumerate() {
             let p = format!("checks[{i}]");
             if c.name.is_empty() {
                 return bad(&format!("{p}.name"), "must not be empty");
             }
-            match &c.kind {
-                CheckKind::Ratio { lhs, rhs, .. } => {
-                    check_measure(lhs, &format!("{p}.lhs"))?;
-                    check_measure(rhs, &format!("{p}.rhs"))?;
-                }
-                CheckKind::Value { lhs, .. } => check_measure(lhs, &format!("{p}.lhs"))?,
-                CheckKind::Spread { entity, variants, .. } => {
-                    if !entity_ok(entity) {
-                        return bad(&format!("{p}.entity"), "no such container or VM");
-                    }
-                    if variants.len() < 2 || variants.iter().any(|v| !var_names.contains(v)) {
-                        return bad(&format!("{p}.variants"), "needs two or more existing variants");
-                    }
-                }
-                CheckKind::Entitlement { variant, entities, from_s, to_s, tolerance, .. } => {
-                    if !variant_ok(variant) {
-                        return bad(&format!("{p}.variant"), "no such variant");
-                    }
-                    if entities.is_empty() || entities.iter().any(|e| !entity_ok(e)) {
-                        return bad(&format!("{p}.entities"), "needs existing containers or VMs");
-                    }
-                    if !(fin(*from_s) && *to_s > *from_s) {
-                        return bad(&format!("{p}.to_s"), "window must be non-empty");
-                    }
-                    if !(tolerance.is_finite() && *tolerance > 0.0) {
-                        return bad(&format!("{p}.tolerance"), "must be positive");
-                    }
-                }
-                CheckKind::Coherent => {}
-                CheckKind::MemRatio(m) => {
-                    if !(ct_names.contains(&m.lhs) && ct_names.contains(&m.rhs)) {
-                        return bad(&format!("{p}.lhs"), "lhs and rhs must be containers");
-                    }
-                    if m.variants.iter().any(|v| !var_names.contains(v)) {
-                        return bad(&format!("{p}.variants"), "no such variant");
-                    }
-                    if !(m.target.is_finite() && m.target > 0.0) {
-                        return bad(&format!("{p}.target"), "must be positive");
-                    }
-                }
-                CheckKind::ExceedGap(m) => {
-                    if !(ct_names.contains(&m.lhs) && ct_names.contains(&m.rhs)) {
-                        return bad(&format!("{p}.lhs"), "lhs and rhs must be containers");
-                    }
-                    if !variant_ok(&m.variant) {
-                        return bad(&format!("{p}.variant"), "no such variant");
-                    }
-                }
-                CheckKind::ReclaimMode(m) => {
-                    if m.entities.is_empty() || m.entities.iter().any(|e| !ct_names.contains(e)) {
-                        return bad(&format!("{p}.entities"), "needs existing containers");
-                    }
-                    if !variant_ok(&m.variant) {
-                        return bad(&format!("{p}.variant"), "no such variant");
-                    }
-                }
-                CheckKind::Protected(m) => {
-                    if !ct_names.contains(&m.protected) || m.others.iter().any(|e| !ct_names.contains(e)) {
-                        return bad(&format!("{p}.protected"), "protected and others must be containers");
-                    }
-                    if !variant_ok(&m.variant) {
-                        return bad(&format!("{p}.variant"), "no such variant");
-                    }
-                }
-                CheckKind::Targets(t) => {
-                    provision::validate_check_names(&p, &[&t.variant], &t.entities, &var_names, &targeted)?
-                }
-                CheckKind::Violation(t) => {
-                    let (v, b) = (Some(t.variant.clone()), Some(t.baseline.clone()));
-                    provision::validate_check_names(&p, &[&v, &b], &t.entities, &var_names, &targeted)?;
-                    if !(t.max_ratio.is_finite() && t.max_ratio >= 0.0) {
-                        return bad(&format!("{p}.max_ratio"), "must be non-negative");
-                    }
-                }
-            }
+            c.kind.spec().validate(&p, &names)?;
         }
         Ok(())
     }

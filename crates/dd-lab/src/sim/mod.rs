@@ -26,7 +26,7 @@ pub mod remote;
 mod setup;
 pub mod streams;
 
-pub use provision::{CurveSnapshot, DecidedContainer, Decision};
+pub use crate::record::{CtTotals, CurveSnapshot, DecidedContainer, Decision, RunResult, Sample};
 
 use crate::error::LabError;
 use crate::model::guest::{Evicted, Guest};
@@ -45,81 +45,6 @@ use std::sync::Arc;
 const NS: f64 = 1e9;
 /// Object id of the swap area's slots on the disk (above every file's id).
 const SWAP_OBJECT: u32 = u32::MAX - 1;
-
-/// One sampling interval of one container (counters are deltas over the interval, levels are at its
-/// end). Sizes are 4 KiB pages.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sample {
-    pub t_s: f64,
-    pub ct: usize,
-    pub running: bool,
-    pub memcg_pages: u64,
-    pub mem_used: u64,
-    pub mem_ent: u64,
-    pub ssd_used: u64,
-    pub ssd_ent: u64,
-    /// Effective entitlements (`crate::sim::effective`): the static ones with the under-used shares
-    /// redistributed by weight; filled in when the run ends.
-    pub mem_eff: u64,
-    pub ssd_eff: u64,
-    pub puts: u64,
-    pub puts_refused: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub flushes: u64,
-    pub evictions: u64,
-    pub promotions: u64,
-    pub demotions: u64,
-    pub ops: u64,
-    pub bytes: u64,
-    pub lat_ns: u64,
-    pub pc_hits: u64,
-    pub pc_misses: u64,
-    pub disk_reads: u64,
-    /// Cumulative pages a VM memory controller took from the container by a directed decision and by
-    /// its LRU fallback (levels, not deltas; 0 without a controller).
-    pub reclaimed_directed: u64,
-    pub reclaimed_lru: u64,
-    /// Settings in force at the sample: the memcg hard limit (pages) and the pool's weights.
-    pub limit_pages: u64,
-    pub mem_weight: u32,
-    pub ssd_weight: u32,
-}
-
-/// Per-container totals of a run.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CtTotals {
-    pub ops: u64,
-    pub bytes: u64,
-    pub lat_ns: u64,
-    pub disk_reads: u64,
-    pub mem_hits: u64,
-    pub ssd_hits: u64,
-    pub writebacks: u64,
-    pub swap_outs: u64,
-    pub run_s: f64,
-    pub cache: Counters,
-    pub pc_hits: u64,
-    pub pc_misses: u64,
-}
-
-/// The result of one variant's run.
-#[derive(Debug, Clone)]
-pub struct RunResult {
-    pub variant: String,
-    pub duration_s: f64,
-    /// Container names, their VM names, and whether they took part.
-    pub containers: Vec<(String, String, bool)>,
-    pub samples: Vec<Sample>,
-    pub totals: Vec<CtTotals>,
-    pub verified_hits: u64,
-    /// Page accesses emulated (guest page-cache lookups).
-    pub accesses: u64,
-    /// The VM-level provisioners' decisions, in time order.
-    pub decisions: Vec<Decision>,
-    /// Each provisioned container's curves at its VM's last decision.
-    pub curves: Vec<CurveSnapshot>,
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {

@@ -5,8 +5,8 @@
 //! applied through the same calls as the timeline: memcg hard limits (reclaiming at once down to a
 //! lowered limit) and pool specs (`set_spec`).
 //!
-//! Owns [`VmProv`] (one VM's settings and the counters at its last decision), [`Decision`] and
-//! [`CurveSnapshot`] (what the run reports). The decision is the closed loop's
+//! Owns [`VmProv`] (one VM's settings and the counters at its last decision); what the run reports
+//! of it, [`Decision`] and [`CurveSnapshot`], is `crate::record`'s. The decision is the closed loop's
 //! (`dd_provision::Controller`): each container's throughput, latency and hit ratio since the last
 //! decision are its measurement of the allocation in force, and the scenario's initial settings (its
 //! memory limits, or usage where it has none, and the pools' occupancy) are the first allocation
@@ -16,16 +16,15 @@
 use super::{Sim, NS};
 use crate::error::LabError;
 use crate::model::guest::{ANON_ACTIVE, ANON_INACTIVE, FILE_ACTIVE, FILE_INACTIVE};
+use crate::record::{CurveSnapshot, DecidedContainer, Decision};
 use crate::scenario::provision::VmProvision;
 use crate::scenario::{mib_pages, Scenario};
 use crate::sim::backend::SecondChance;
 use crate::sim::streams::StreamCounters;
-use dd_engine::{Spec, StoreKind};
+use dd_engine::StoreKind;
 use dd_provision::{
-    Allocation, Budget, ContainerInput, Controller, Curve, Demand, LatencyModel, Measured, Observed, Source,
-    Target, TargetState,
+    Allocation, Budget, ContainerInput, Controller, Curve, Demand, LatencyModel, Measured, Observed, Target,
 };
-use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Points read from each curve for a decision (evenly spaced up to the VM's memory and caches).
@@ -83,56 +82,6 @@ impl VmProv {
 
 fn ns(s: f64) -> u64 {
     (s * NS).round() as u64
-}
-
-/// One container in one decision.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DecidedContainer {
-    pub name: String,
-    pub memory_limit_mib: f64,
-    pub mem_cache_mib: f64,
-    pub ssd_cache_mib: f64,
-    pub spec: Spec,
-    /// What the container did since the last decision.
-    pub measured_ops_s: f64,
-    pub predicted_ops_s: f64,
-    pub predicted_latency_ms: f64,
-    pub predicted_hit_ratio: f64,
-    pub target: Option<Target>,
-    pub target_met: Option<bool>,
-    /// How it stands against its target as measured (`missed`: below it for the loop's
-    /// `report_after` intervals in a row).
-    pub state: TargetState,
-    pub missed_intervals: u32,
-}
-
-/// One decision of one VM's provisioner.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Decision {
-    pub t_s: f64,
-    pub vm: String,
-    pub feasible: bool,
-    pub infeasible: Vec<String>,
-    /// Containers whose target was measured missed for the loop's `report_after` intervals in a row.
-    pub missed: Vec<String>,
-    pub kept_current: bool,
-    /// Where the plan came from (`learning`: nothing was changed).
-    pub source: Source,
-    pub containers: Vec<DecidedContainer>,
-}
-
-/// A container's curves at the last decision of its VM, and what the plan gave it (pages).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CurveSnapshot {
-    pub container: String,
-    pub t_s: f64,
-    /// `None` for a stream the container never used.
-    pub file: Option<Curve>,
-    pub anon: Option<Curve>,
-    pub allocation: Allocation,
-    /// The model's split of the memory between file and anonymous pages.
-    pub file_pages: f64,
-    pub anon_pages: f64,
 }
 
 fn all_misses() -> Curve {

@@ -1,6 +1,6 @@
 //! The VM-level memory controller of thesis 000, chapter 4, in the emulated guest: the VM-wide reclaim
 //! that asks `dd_memctl::decide` what to take. (Its settings are `crate::scenario::memctl`; its checks
-//! `crate::results::checks::memctl`; its plots `crate::results::plot::memory`.)
+//! `crate::scenario::checks` (`mem_ratio`, `exceed_gap`, `reclaim_mode`, `protected`); its plots `crate::results::plot::memory`.)
 //!
 //! Owns [`GuestMemctl`] (a VM's `[vms.memctl]` table resolved to memcg indices and pages, held by a
 //! [`Guest`]; `VmMemctl::resolve` builds it) and [`reclaim`], which replaces the guest's built-in

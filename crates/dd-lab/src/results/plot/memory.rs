@@ -3,8 +3,8 @@
 
 use super::{file_safe, time_chart, Line};
 use crate::error::LabError;
-use crate::results::checks::memctl::{ct_of, mib, series};
 use crate::results::ScenarioResult;
+use crate::scenario::checks::measure::{ct_of, mib, series};
 use crate::scenario::Scenario;
 
 /// Whether a scenario uses the controller's outputs (a VM with `memctl`, or one of its checks).

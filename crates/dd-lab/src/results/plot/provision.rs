@@ -208,7 +208,7 @@ fn target_plot(res: &ScenarioResult, name: &str, t: &Target, path: &Path) -> Res
 /// Every candidate of a search: total throughput, darker the more targets it met; the best marked.
 fn search_plot(
     res: &ScenarioResult,
-    s: &crate::results::checks::provision::SearchResult,
+    s: &crate::results::search::SearchResult,
     path: &Path,
 ) -> Result<(), LabError> {
     register_font();
