@@ -114,7 +114,7 @@ impl Cache {
     /// default): nothing is shared with peers.
     pub fn set_coop_group(&self, group: Option<u32>) {
         let d = group.map_or(NO_DOMAIN, |g| dedup_domain(VmId(0), Some(g)));
-        self.shared.coop_domain.store(d, Ordering::Relaxed);
+        self.shared.coop.set_domain(d);
     }
 
     /// The registered VMs and their weights.
@@ -373,7 +373,7 @@ impl Shared {
             }
             (locs, counters)
         };
-        self.release_remote(p);
+        self.coop.release_remote(p);
         self.free_locs(&locs);
         counters
     }

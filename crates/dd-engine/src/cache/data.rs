@@ -116,7 +116,7 @@ impl Cache {
             p.publish(&g);
             loc
         };
-        self.shared.release_remote_of(&p, key);
+        self.shared.coop.release_remote_of(&p, key);
         if let Some(l) = loc {
             self.shared.free_locs(&[l]);
         }
@@ -139,7 +139,7 @@ impl Cache {
             }
             locs
         };
-        self.shared.release_remote(&p);
+        self.shared.coop.release_remote(&p);
         self.shared.free_locs(&locs);
         Ok(locs.len() as u64)
     }
@@ -199,8 +199,8 @@ impl Cache {
         }
         drop(ga);
         drop(gb);
-        self.shared.release_remote(&a);
-        self.shared.release_remote(&b);
+        self.shared.coop.release_remote(&a);
+        self.shared.coop.release_remote(&b);
         self.shared.free_locs(&replaced);
         Ok(moved)
     }
@@ -331,8 +331,7 @@ impl Shared {
     fn dedup_saving(&self, domain: u64) -> Saving {
         let ps = self.page_size as u64;
         if domain >= GROUP_DOMAINS {
-            self.group_dedup_hits.fetch_add(1, Ordering::Relaxed);
-            self.group_bytes_saved.fetch_add(ps, Ordering::Relaxed);
+            self.coop.count_group_dedup(ps);
             return Saving::default();
         }
         Saving { dedup_hit: true, bytes: ps }
@@ -432,7 +431,7 @@ impl Shared {
             p.publish(&g);
             r
         };
-        self.release_remote_of(p, key);
+        self.coop.release_remote_of(p, key);
         if let Some(old) = replaced {
             self.free_locs(&[old]);
         }
@@ -452,7 +451,7 @@ impl Shared {
             p.publish(&g);
             loc
         };
-        self.release_remote_of(p, key);
+        self.coop.release_remote_of(p, key);
         if let Some(l) = loc {
             self.free_locs(&[l]);
         }

@@ -8,7 +8,7 @@
 //! entitlement. Evicted memory pages of the co-operative group are offered to the remote sink (`coop`)
 //! instead of being freed at once.
 
-use super::{Shared, Tree, NO_DOMAIN};
+use super::{Shared, Tree};
 use crate::policy::{select_victim, EntityUsage};
 use crate::pool::{Entry, Loc, Pool};
 use crate::types::{Mode, PoolId, PoolKind, StoreKind, VmId};
@@ -141,16 +141,7 @@ impl Shared {
         let mut locs = Vec::new();
         // Memory pages offered for remotification: (key, token, frame).
         let mut offers = Vec::new();
-        // Only pages of the co-operative group are offered to peers (the rule of SPEC section 6 across
-        // hosts: content leaves a VM's domain only where the administrator said so).
-        let coop = self.coop_domain.load(Ordering::Relaxed);
-        let sink = self
-            .sink
-            .get()
-            .filter(|_| store == StoreKind::Mem && coop != NO_DOMAIN)
-            .filter(|_| p.dedup_domain.load(Ordering::Relaxed) == coop);
-        // The pending-record bound is the pool's, split evenly over its shards.
-        let max_pending = (self.max_pending_per_pool / p.shard_count()).max(1);
+        let offering = self.coop.offering(p, store);
         for (shard, quota) in p.quotas(store, n) {
             let mut g = p.lock_shard(shard);
             let mut taken = 0;
@@ -164,9 +155,9 @@ impl Shared {
                 }
                 match g.pop_victim(store) {
                     Some(Entry { loc: Loc::Mem(f), key, .. })
-                        if sink.is_some() && g.pending_remote < max_pending =>
+                        if offering.as_ref().is_some_and(|o| g.pending_remote < o.max_pending_per_shard) =>
                     {
-                        let token = self.remote_tokens.fetch_add(1, Ordering::Relaxed);
+                        let token = offering.as_ref().map_or(0, |o| o.token());
                         g.set_pending(key, token);
                         offers.push((key, token, f));
                     }
@@ -177,11 +168,11 @@ impl Shared {
             }
             p.publish(&g);
         }
-        self.release_remote(p);
+        self.coop.release_remote(p);
         let evicted = (locs.len() + offers.len()) as u64;
         self.free_locs(&locs);
-        if let Some(sink) = sink {
-            self.offer_evicted(p, sink.as_ref(), offers);
+        if let Some(o) = offering {
+            self.offer_evicted(p, o.sink, offers);
         }
         evicted
     }

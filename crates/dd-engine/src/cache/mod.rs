@@ -39,10 +39,12 @@
 //!   for the pool's counters, which are the sum of its shards' read one shard lock at a time.
 //!
 //! # Co-operative de-duplication
-//! With a [`RemoteSink`] installed, eviction of an unshared memory page leaves a pending record and
-//! offers the page's bytes to the sink; the daemon later installs a remote record or abandons it
-//! (`remote.rs`). The pin table (pins held for peers) is a leaf lock. The engine never waits for a
-//! peer: the sink's calls return at once, and fetching a remotified page is the daemon's business.
+//! With a [`RemoteSink`](crate::remote::RemoteSink) installed, eviction of an unshared memory page
+//! leaves a pending record and offers the page's bytes to the sink; the daemon later installs a remote
+//! record or abandons it (`remote.rs`). Its state is `coop::Coop`, a part of `Shared` that the put and
+//! eviction paths reach through four calls only (`offering`, `count_group_dedup`, `release_remote`,
+//! `release_remote_of`). The pin table (pins held for peers) is a leaf lock. The engine never waits
+//! for a peer: the sink's calls return at once, and fetching a remotified page is the daemon's business.
 //!
 //! # Files
 //! One concern per file, all of them `impl` blocks of [`Cache`] and of the shared state (`Shared`)
@@ -62,10 +64,12 @@ mod tiers;
 
 pub use data::PoolHandle;
 
+use coop::Coop;
+
 use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
 use crate::pool::{Hasher, Loc, Map, Pool, PoolInner, VmShare};
-use crate::remote::{RemoteRef, RemoteSink};
+use crate::remote::RemoteRef;
 use crate::stats::Counters;
 use crate::store::dedup::ContentIndex;
 use crate::store::mem::MemStore;
@@ -263,22 +267,9 @@ struct Shared {
     instance: u64,
     wake: (Mutex<bool>, Condvar),
     shutdown: AtomicBool,
-    /// The daemon's remotifier, once installed (`remote.rs`).
-    sink: std::sync::OnceLock<Arc<dyn RemoteSink>>,
-    /// Tokens of pending remote records (never repeat within this cache).
-    remote_tokens: AtomicU64,
-    /// Pending records a pool may hold; beyond it evictions are plain.
-    max_pending_per_pool: usize,
-    /// The domain co-operative de-duplication shares ([`Cache::set_coop_group`]); `NO_DOMAIN`: none.
-    coop_domain: AtomicU64,
-    /// De-dup hits and bytes saved in group domains: counted in host scope only, so that no VM's own
-    /// statistics reveal a match with another VM's content.
-    group_dedup_hits: AtomicU64,
-    group_bytes_saved: AtomicU64,
-    /// Pins held for peers: pin number -> frame (a leaf lock).
-    pins: Mutex<Map<u64, crate::store::frame::FrameId>>,
-    next_pin: AtomicU64,
-    pins_granted: AtomicU64,
+    /// Co-operative de-duplication's state (`coop.rs`): the put and eviction paths reach it only through
+    /// `Coop`'s methods.
+    coop: Coop,
     /// `Pool` objects not yet dropped (every VM's share holds this counter; see `pool::VmShare`).
     pools_alive: Arc<AtomicU64>,
 }
@@ -377,15 +368,7 @@ impl Cache {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             wake: (Mutex::new(false), Condvar::new()),
             shutdown: AtomicBool::new(false),
-            sink: std::sync::OnceLock::new(),
-            remote_tokens: AtomicU64::new(1),
-            max_pending_per_pool: 4096,
-            coop_domain: AtomicU64::new(NO_DOMAIN),
-            group_dedup_hits: AtomicU64::new(0),
-            group_bytes_saved: AtomicU64::new(0),
-            pins: Mutex::new(Map::with_hasher(Hasher::default())),
-            next_pin: AtomicU64::new(1),
-            pins_granted: AtomicU64::new(0),
+            coop: Coop::new(),
             pools_alive: Arc::new(AtomicU64::new(0)),
         });
         let worker = match cfg.maintenance {

@@ -50,7 +50,7 @@ impl Cache {
             pool_table_entries: entries,
             pool_table_capacity: capacity,
             pool_objects_alive: self.shared.pools_alive.load(Ordering::Relaxed),
-            pins: self.shared.pins.lock().len(),
+            pins: self.shared.coop.pins_held() as usize,
         }
     }
 
@@ -67,6 +67,7 @@ impl Cache {
             totals.store_mut(s).entitlement = self.capacity_pages(s);
             totals.store_mut(s).effective_entitlement = self.capacity_pages(s);
         }
+        let (remote_dedups, group_dedup_hits, group_bytes_saved) = self.shared.coop.counters();
         HostStats {
             page_size: self.shared.page_size,
             mode: settings.mode,
@@ -83,9 +84,9 @@ impl Cache {
             vms,
             totals,
             pins_held: self.pins_held(),
-            remote_dedups: self.shared.pins_granted.load(Ordering::Relaxed),
-            group_dedup_hits: self.shared.group_dedup_hits.load(Ordering::Relaxed),
-            group_bytes_saved: self.shared.group_bytes_saved.load(Ordering::Relaxed),
+            remote_dedups,
+            group_dedup_hits,
+            group_bytes_saved,
         }
     }
 
@@ -149,7 +150,7 @@ impl Cache {
                     return Err(format!("mem: reserved {reserved} != frames in use {frames}"));
                 }
                 if let Some(idx) = &self.shared.dedup {
-                    let pins = self.shared.pins.lock().len() as u64;
+                    let pins = self.shared.coop.pins_held();
                     if idx.references() != per_store[0] + pins {
                         return Err(format!(
                             "dedup: {} references != {} pages indexed + {pins} pins",
