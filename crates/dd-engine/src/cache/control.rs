@@ -129,19 +129,20 @@ impl Cache {
         let pages = bytes / self.shared.page_size as u64;
         match store {
             StoreKind::Mem => {
-                if pages > self.shared.mem.max_frames() as u64 {
+                if pages > self.shared.place.mem.max_frames() as u64 {
                     return Err(CacheError::invalid(
                         "mem.capacity_bytes",
                         format!(
                             "{bytes} exceeds the arena reserved at start ({} bytes; raise mem.max_capacity_bytes)",
-                            self.shared.mem.max_frames() as u64 * self.shared.page_size as u64
+                            self.shared.place.mem.max_frames() as u64 * self.shared.page_size as u64
                         ),
                     ));
                 }
-                self.shared.mem.set_limit(pages as u32);
+                self.shared.place.mem.set_limit(pages as u32);
             }
             StoreKind::Ssd => {
-                let ssd = self.shared.ssd.as_ref().ok_or(CacheError::StoreUnavailable(StoreKind::Ssd))?;
+                let ssd =
+                    self.shared.place.ssd.as_ref().ok_or(CacheError::StoreUnavailable(StoreKind::Ssd))?;
                 if pages > u32::MAX as u64 {
                     return Err(CacheError::invalid("ssd.capacity_bytes", "more than 2^32 pages"));
                 }
@@ -152,7 +153,7 @@ impl Cache {
         }
         {
             let mut tree = self.shared.tree.write();
-            self.shared.stores[store.idx()].capacity.store(pages, Ordering::Relaxed);
+            self.shared.place.stores[store.idx()].capacity.store(pages, Ordering::Relaxed);
             self.shared.recompute(&mut tree);
         }
         self.shared.shrink_to_capacity(store);
@@ -161,11 +162,11 @@ impl Cache {
     }
 
     pub fn capacity_pages(&self, store: StoreKind) -> u64 {
-        self.shared.stores[store.idx()].capacity.load(Ordering::Relaxed)
+        self.shared.place.stores[store.idx()].capacity.load(Ordering::Relaxed)
     }
 
     pub fn set_mode(&self, mode: Mode) {
-        self.shared.settings.write().mode = mode;
+        self.shared.evictor.settings.write().mode = mode;
     }
 
     /// Sets the eviction batch. At least one page.
@@ -174,7 +175,7 @@ impl Cache {
         if pages == 0 {
             return Err(CacheError::invalid("eviction_batch_bytes", "smaller than one page"));
         }
-        self.shared.settings.write().batch_pages = pages;
+        self.shared.evictor.settings.write().batch_pages = pages;
         Ok(())
     }
 
@@ -185,7 +186,7 @@ impl Cache {
             ..Default::default()
         };
         probe.validate()?;
-        self.shared.settings.write().hybrid = hybrid;
+        self.shared.evictor.settings.write().hybrid = hybrid;
         self.after_reconfigure();
         Ok(())
     }
@@ -328,7 +329,7 @@ impl Shared {
     fn recompute(&self, tree: &mut Tree) {
         for s in StoreKind::ALL {
             let i = s.idx();
-            let cap = self.stores[i].capacity.load(Ordering::Relaxed) as u128;
+            let cap = self.place.stores[i].capacity.load(Ordering::Relaxed) as u128;
             let uses = |n: &VmNode| n.weights.get(s) > 0 && n.weight_sum[i] > 0;
             let vm_sum: u128 = tree.vms.values().filter(|n| uses(n)).map(|n| n.weights.get(s) as u128).sum();
             for node in tree.vms.values_mut() {
@@ -374,7 +375,7 @@ impl Shared {
             (locs, counters)
         };
         self.coop.release_remote(p);
-        self.free_locs(&locs);
+        self.place.free_locs(&locs);
         counters
     }
 }

@@ -142,7 +142,7 @@ impl Cache {
     /// Installs the remotifier. Only the first call takes effect (returns false afterwards); remotification
     /// needs the memory store's de-duplication (`mem.dedup`), without it the call is refused too.
     pub fn set_remote_sink(&self, sink: Arc<dyn RemoteSink>) -> bool {
-        self.shared.dedup.is_some() && self.shared.coop.sink.set(sink).is_ok()
+        self.shared.place.dedup.is_some() && self.shared.coop.sink.set(sink).is_ok()
     }
 
     /// Makes the pending record of an offered page remote. False when the key changed since the offer
@@ -237,13 +237,13 @@ impl Cache {
     /// ([`Cache::set_coop_group`]) holds exactly `data`, takes a reference on it for the peer and returns
     /// the pin number.
     pub fn pin(&self, hash: u128, data: &[u8]) -> Option<u64> {
-        let idx = self.shared.dedup.as_ref()?;
+        let idx = self.shared.place.dedup.as_ref()?;
         let coop = &self.shared.coop;
         let domain = coop.domain.load(Ordering::Relaxed);
         if domain == NO_DOMAIN || data.len() != self.shared.page_size || hash_page(data) != hash {
             return None;
         }
-        let Lookup::Shared(f) = idx.lookup(&self.shared.mem, domain, hash, data) else { return None };
+        let Lookup::Shared(f) = idx.lookup(&self.shared.place.mem, domain, hash, data) else { return None };
         let pin = coop.next_pin.fetch_add(1, Ordering::Relaxed);
         coop.pins.lock().insert(pin, f);
         coop.pins_granted.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +258,7 @@ impl Cache {
         // Read under the pin-table lock so a concurrent unpin cannot free the frame mid-copy.
         let pins = self.shared.coop.pins.lock();
         let Some(f) = pins.get(&pin) else { return false };
-        self.shared.mem.read(*f, out);
+        self.shared.place.mem.read(*f, out);
         true
     }
 
@@ -278,7 +278,7 @@ impl Cache {
     /// publishes); none without a co-operative group.
     pub fn content_hashes(&self) -> Vec<u128> {
         let domain = self.shared.coop.domain.load(Ordering::Relaxed);
-        match (&self.shared.dedup, domain) {
+        match (&self.shared.place.dedup, domain) {
             (Some(idx), d) if d != NO_DOMAIN => idx.hashes(d),
             _ => Vec::new(),
         }
@@ -290,7 +290,7 @@ impl Shared {
     /// Algorithm 3: only "remote sharing candidates" are remotified). Offers that were not made are
     /// abandoned under the pool lock again.
     pub(super) fn offer_evicted(&self, p: &Pool, sink: &dyn RemoteSink, offers: Vec<(Key, u64, FrameId)>) {
-        let idx = self.dedup.as_ref().expect("a sink is only installed with de-duplication");
+        let idx = self.place.dedup.as_ref().expect("a sink is only installed with de-duplication");
         let mut not_offered = Vec::new();
         let mut freed = 0;
         for (key, token, f) in offers {
@@ -300,8 +300,8 @@ impl Shared {
             }
             // The last reference is gone: this thread owns the frame until it frees it.
             let mut data = vec![0u8; self.page_size].into_boxed_slice();
-            self.mem.read(f, &mut data);
-            if self.mem.free(f) {
+            self.place.mem.read(f, &mut data);
+            if self.place.mem.free(f) {
                 freed += 1;
             }
             let hash = hash_page(&data);
@@ -310,7 +310,7 @@ impl Shared {
             }
         }
         if freed > 0 {
-            self.stores[0].release(freed);
+            self.place.stores[0].release(freed);
         }
         for (key, token) in not_offered {
             p.lock(key).abandon_remote(key, token);
@@ -320,6 +320,6 @@ impl Shared {
     /// Drops references to memory frames (pins), freeing frames that become unreferenced.
     fn release_frames(&self, frames: &[FrameId]) {
         let locs: Vec<Loc> = frames.iter().map(|f| Loc::Mem(*f)).collect();
-        self.free_locs(&locs);
+        self.place.free_locs(&locs);
     }
 }

@@ -118,7 +118,7 @@ impl Cache {
         };
         self.shared.coop.release_remote_of(&p, key);
         if let Some(l) = loc {
-            self.shared.free_locs(&[l]);
+            self.shared.place.free_locs(&[l]);
         }
         Ok(loc.is_some())
     }
@@ -140,7 +140,7 @@ impl Cache {
             locs
         };
         self.shared.coop.release_remote(&p);
-        self.shared.free_locs(&locs);
+        self.shared.place.free_locs(&locs);
         Ok(locs.len() as u64)
     }
 
@@ -201,7 +201,7 @@ impl Cache {
         drop(gb);
         self.shared.coop.release_remote(&a);
         self.shared.coop.release_remote(&b);
-        self.shared.free_locs(&replaced);
+        self.shared.place.free_locs(&replaced);
         Ok(moved)
     }
 }
@@ -285,12 +285,12 @@ impl Shared {
         match p.spec.load() {
             Spec::None => None,
             Spec::Mem { .. } => Some(StoreKind::Mem),
-            Spec::Ssd { .. } => self.ssd.as_ref().map(|_| StoreKind::Ssd),
+            Spec::Ssd { .. } => self.place.ssd.as_ref().map(|_| StoreKind::Ssd),
             Spec::Hybrid { ssd_weight, .. } => {
                 // Memory while the pool's memory share allows (thesis 000, section 5.3.2).
                 if p.used(StoreKind::Mem) < p.entitlement(StoreKind::Mem)
                     || ssd_weight == 0
-                    || self.ssd.is_none()
+                    || self.place.ssd.is_none()
                 {
                     Some(StoreKind::Mem)
                 } else {
@@ -307,7 +307,7 @@ impl Shared {
         let stored = match tier {
             StoreKind::Mem => self.store_in_memory(p, data),
             StoreKind::Ssd => {
-                let ssd = self.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
+                let ssd = self.place.ssd.as_ref().expect("put_tier returns Ssd only with an SSD store");
                 // A failing disk (its last write failed) takes no new pages but probes: refused, not lost.
                 if !ssd.accepting() || !self.reserve(tier, p) {
                     None
@@ -315,7 +315,7 @@ impl Shared {
                     ssd.write(slot, data);
                     Some((Loc::Ssd(slot), Saving::default()))
                 } else {
-                    self.stores[1].release(1);
+                    self.place.stores[1].release(1);
                     None
                 }
             }
@@ -343,11 +343,11 @@ impl Shared {
     fn store_in_memory(&self, p: &Pool, data: &[u8]) -> Option<(Loc, Saving)> {
         let ps = self.page_size as u64;
         // 1. An equal page already stored is shared instead of copied.
-        let content = match &self.dedup {
+        let content = match &self.place.dedup {
             Some(idx) => {
                 let domain = p.dedup_domain.load(Ordering::Relaxed);
                 let hash = hash_page(data);
-                if let Lookup::Shared(f) = idx.lookup(&self.mem, domain, hash, data) {
+                if let Lookup::Shared(f) = idx.lookup(&self.place.mem, domain, hash, data) {
                     return Some((Loc::Mem(f), self.dedup_saving(domain)));
                 }
                 Some((idx, domain, hash))
@@ -355,21 +355,21 @@ impl Shared {
             None => None,
         };
         // 2. A page that compresses to half a frame or less goes into a half; others are stored raw.
-        let half = if self.compress { self.store_compressed(p, data).ok()? } else { None };
+        let half = if self.place.compress { self.store_compressed(p, data).ok()? } else { None };
         let (mut place, saved) = match half {
             Some(h) => (h, ps / 2),
             None => {
                 let f = self.reserve_frame(p)?;
-                self.mem.write(f, data);
+                self.place.mem.write(f, data);
                 (f, 0)
             }
         };
         // 3. Register the new content; if an equal page arrived meanwhile, share that one instead.
         if let Some((idx, domain, hash)) = content {
-            let used = idx.insert(&self.mem, domain, hash, place, data);
+            let used = idx.insert(&self.place.mem, domain, hash, place, data);
             if used != place {
-                if self.mem.free(place) {
-                    self.stores[0].release(1);
+                if self.place.mem.free(place) {
+                    self.place.stores[0].release(1);
                 }
                 place = used;
                 return Some((Loc::Mem(place), self.dedup_saving(domain)));
@@ -387,11 +387,11 @@ impl Shared {
         }
         // Taken out while in use (reserving a frame may evict), put back after.
         let mut buf = HALF.take();
-        let stored = match crate::store::lz4::compress(data, &mut buf, self.mem.half_capacity()) {
+        let stored = match crate::store::lz4::compress(data, &mut buf, self.place.mem.half_capacity()) {
             None => Ok(None),
-            Some(c) => match self.mem.store_half(c) {
+            Some(c) => match self.place.mem.store_half(c) {
                 Some(h) => Ok(Some(h)),
-                None => self.reserve_frame(p).map(|f| Some(self.mem.store_half_in(f, c))).ok_or(()),
+                None => self.reserve_frame(p).map(|f| Some(self.place.mem.store_half_in(f, c))).ok_or(()),
             },
         };
         HALF.set(buf);
@@ -403,9 +403,9 @@ impl Shared {
         if !self.reserve(StoreKind::Mem, p) {
             return None;
         }
-        let f = self.mem.alloc();
+        let f = self.place.mem.alloc();
         if f.is_none() {
-            self.stores[0].release(1);
+            self.place.stores[0].release(1);
         }
         f
     }
@@ -424,7 +424,7 @@ impl Shared {
             let mut g = p.lock(key);
             if g.dead {
                 drop(g);
-                self.free_locs(&[loc]);
+                self.place.free_locs(&[loc]);
                 return Err(CacheError::UnknownPool(p.id));
             }
             let r = g.insert_saving(key, loc, seq, Arrival::Put, saved);
@@ -433,7 +433,7 @@ impl Shared {
         };
         self.coop.release_remote_of(p, key);
         if let Some(old) = replaced {
-            self.free_locs(&[old]);
+            self.place.free_locs(&[old]);
         }
         if tier == StoreKind::Mem && p.spec.load().is_hybrid() {
             self.after_hybrid_put(p);
@@ -453,7 +453,7 @@ impl Shared {
         };
         self.coop.release_remote_of(p, key);
         if let Some(l) = loc {
-            self.free_locs(&[l]);
+            self.place.free_locs(&[l]);
         }
         PutOutcome::Refused
     }
@@ -461,7 +461,7 @@ impl Shared {
     fn after_hybrid_put(&self, p: &Arc<Pool>) {
         let high = self.high_watermark(p.entitlement(StoreKind::Mem));
         if p.used(StoreKind::Mem) > high {
-            match self.maintenance {
+            match self.evictor.maintenance {
                 Maintenance::Inline => {
                     self.maintain_pool(p);
                 }
@@ -484,7 +484,7 @@ impl Shared {
             };
             let loc = taken?;
             let ok = self.read_owned(loc, out);
-            self.free_locs(&[loc]);
+            self.place.free_locs(&[loc]);
             if !ok {
                 self.count_lost_page(p, key, loc.store());
             }
@@ -496,15 +496,15 @@ impl Shared {
     /// Starts loading a memory page into the CPU caches (the copy follows shortly).
     fn prefetch(&self, loc: Loc) {
         if let Loc::Mem(f) = loc {
-            self.mem.prefetch(f);
+            self.place.mem.prefetch(f);
         }
     }
 
     /// Ends a read hold on a memory frame (`store::mem`); a frame freed while held is freed by its last
     /// reader, who then gives its reservation back.
     fn end_read(&self, f: FrameId) {
-        if self.mem.end_read(f) {
-            self.stores[0].release(1);
+        if self.place.mem.end_read(f) {
+            self.place.stores[0].release(1);
         }
     }
 
@@ -512,10 +512,10 @@ impl Shared {
     fn read_owned(&self, loc: Loc, out: &mut [u8]) -> bool {
         match loc {
             Loc::Mem(f) => {
-                self.mem.read(f, out);
+                self.place.mem.read(f, out);
                 true
             }
-            Loc::Ssd(s) => self.ssd.as_ref().is_some_and(|ssd| ssd.read(s, out).is_ok()),
+            Loc::Ssd(s) => self.place.ssd.as_ref().is_some_and(|ssd| ssd.read(s, out).is_ok()),
         }
     }
 
@@ -548,20 +548,20 @@ impl Shared {
                         g.counters.mem.gets_hit += 1;
                         g.touch_in(id, StoreKind::Mem);
                         if f.is_half() {
-                            self.mem.read(f, out);
+                            self.place.mem.read(f, out);
                             return Some(StoreKind::Mem);
                         }
                         // Copied after the lock (a read hold keeps the frame), not under it.
-                        self.mem.hold_for_read(f);
+                        self.place.mem.hold_for_read(f);
                         drop(g);
-                        self.mem.read(f, out);
+                        self.place.mem.read(f, out);
                         self.end_read(f);
                         return Some(StoreKind::Mem);
                     }
                     Loc::Ssd(slot) => (slot, g.entry(id).version),
                 }
             };
-            let read_ok = self.ssd.as_ref().is_some_and(|ssd| ssd.read(slot, out).is_ok());
+            let read_ok = self.place.ssd.as_ref().is_some_and(|ssd| ssd.read(slot, out).is_ok());
             let mut g = p.lock(key);
             match g.lookup(key) {
                 Some(id) if g.entry(id).version == version && g.entry(id).loc == Loc::Ssd(slot) => {
@@ -576,7 +576,7 @@ impl Shared {
                     g.counters.pages_lost += 1;
                     p.publish(&g);
                     drop(g);
-                    self.free_locs(&[e.loc]);
+                    self.place.free_locs(&[e.loc]);
                     return None;
                 }
                 _ => continue,
@@ -632,13 +632,13 @@ impl Shared {
                         n += 1;
                         if f.is_half() {
                             // A compressed page is decompressed under the lock (halves are not held).
-                            self.mem.with_page(f, |page| hit(i, page));
+                            self.place.mem.with_page(f, |page| hit(i, page));
                         } else {
                             // The hold words are as cold as the frames: load both while the other
                             // keys are looked up, and take the holds after (measured: a hold taken
                             // at once stalled on its word, a quarter of this function's time).
-                            self.mem.prefetch(f);
-                            self.mem.prefetch_hold(f);
+                            self.place.mem.prefetch(f);
+                            self.place.mem.prefetch_hold(f);
                             held.push((i, f));
                         }
                     }
@@ -646,11 +646,11 @@ impl Shared {
                 }
             }
             for &(_, f) in &held[first..] {
-                self.mem.hold_for_read(f);
+                self.place.mem.hold_for_read(f);
             }
         }
         for (i, f) in held {
-            self.mem.with_page(f, |page| hit(i, page));
+            self.place.mem.with_page(f, |page| hit(i, page));
             self.end_read(f);
         }
         if !on_ssd.is_empty() {
@@ -694,14 +694,14 @@ impl Shared {
         for (i, loc) in taken {
             match loc {
                 Loc::Mem(f) => {
-                    self.mem.read(f, &mut out[i * ps..(i + 1) * ps]);
+                    self.place.mem.read(f, &mut out[i * ps..(i + 1) * ps]);
                     hits[i] = true;
                 }
                 Loc::Ssd(s) => ssd_reqs.push((i, s)),
             }
             locs.push(loc);
         }
-        if let (false, Some(ssd)) = (ssd_reqs.is_empty(), self.ssd.as_ref()) {
+        if let (false, Some(ssd)) = (ssd_reqs.is_empty(), self.place.ssd.as_ref()) {
             // Split `out` into disjoint page slices for the batched read.
             let mut slices: Vec<Option<&mut [u8]>> = out.chunks_mut(ps).map(Some).collect();
             let mut reqs: Vec<(crate::store::ssd::SlotId, &mut [u8])> = ssd_reqs
@@ -717,7 +717,7 @@ impl Shared {
                 }
             }
         }
-        self.free_locs(&locs);
+        self.place.free_locs(&locs);
         hits
     }
 }

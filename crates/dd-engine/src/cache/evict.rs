@@ -1,6 +1,6 @@
 //! Eviction: reserving a page in a store and, when it is full, evicting one batch from the victim that
 //! Algorithm 1 chooses (VM first, then pool; `policy::victim`) or, in global mode, from the pool whose
-//! oldest page is the oldest of all.
+//! oldest page is the oldest of all. Owns [`Evictor`], the evictor's part of the engine's state.
 //!
 //! Lock order: the tree (read) -> the store's eviction lock -> one pool shard's mutex at a time. The eviction lock
 //! serialises evictions from one store so that concurrent puts do not evict several batches for one page.
@@ -8,17 +8,50 @@
 //! entitlement. Evicted memory pages of the co-operative group are offered to the remote sink (`coop`)
 //! instead of being freed at once.
 
-use super::{Shared, Tree};
+use super::{Settings, Shared, Tree};
+use crate::config::{EngineConfig, Maintenance};
 use crate::policy::{select_victim, EntityUsage};
 use crate::pool::{Entry, Loc, Pool};
 use crate::types::{Mode, PoolId, PoolKind, StoreKind, VmId};
-use std::sync::atomic::Ordering;
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// The evictor's state: Algorithm 1's settings (mode, batch; the hybrid watermarks), the insertion
+/// sequence that global mode evicts by, and the signals of the maintenance worker (`tiers.rs`).
+pub(super) struct Evictor {
+    pub(super) maintenance: Maintenance,
+    pub(super) maintenance_interval: Duration,
+    pub(super) settings: RwLock<Settings>,
+    /// Insertion sequence (global-mode FIFO order); threads take it in blocks, see [`Shared::next_seq`].
+    pub(super) seq: CachePadded<AtomicU64>,
+    pub(super) wake: (Mutex<bool>, Condvar),
+    pub(super) shutdown: AtomicBool,
+}
+
+impl Evictor {
+    pub(super) fn new(cfg: &EngineConfig) -> Evictor {
+        Evictor {
+            maintenance: cfg.maintenance,
+            maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
+            settings: RwLock::new(Settings {
+                mode: cfg.mode,
+                batch_pages: cfg.pages(cfg.eviction_batch_bytes),
+                hybrid: cfg.hybrid.clone(),
+            }),
+            seq: CachePadded::new(AtomicU64::new(1)),
+            wake: (Mutex::new(false), Condvar::new()),
+            shutdown: AtomicBool::new(false),
+        }
+    }
+}
 
 impl Shared {
     /// Reserves one page in `store` for a put into `p`, evicting a batch when the store is full.
     pub(super) fn reserve(&self, store: StoreKind, p: &Pool) -> bool {
-        let st = &self.stores[store.idx()];
+        let st = &self.place.stores[store.idx()];
         if st.try_reserve(1) {
             return true;
         }
@@ -52,7 +85,7 @@ impl Shared {
     /// Returns the number of pages evicted.
     fn evict_batch(&self, tree: &Tree, store: StoreKind) -> u64 {
         let (mode, batch) = {
-            let s = self.settings.read();
+            let s = self.evictor.settings.read();
             (s.mode, s.batch_pages)
         };
         match mode {
@@ -170,7 +203,7 @@ impl Shared {
         }
         self.coop.release_remote(p);
         let evicted = (locs.len() + offers.len()) as u64;
-        self.free_locs(&locs);
+        self.place.free_locs(&locs);
         if let Some(o) = offering {
             self.offer_evicted(p, o.sink, offers);
         }
@@ -179,7 +212,7 @@ impl Shared {
 
     /// Evicts until the store's reservation fits its capacity (after a shrink).
     pub(super) fn shrink_to_capacity(&self, store: StoreKind) {
-        let st = &self.stores[store.idx()];
+        let st = &self.place.stores[store.idx()];
         loop {
             let tree = self.tree.read();
             let _evicting = st.evict_lock.lock();
@@ -221,7 +254,7 @@ mod tests {
     fn regression_every_put_and_get_wrote_the_store_wide_reservation() {
         let cache = cache(1024);
         let pool = cache.new_pool(VmId(1), PoolOptions::ephemeral(Spec::Mem { weight: 1 })).unwrap();
-        let reserved = || cache.shared.stores[0].reserved.load(Ordering::Relaxed);
+        let reserved = || cache.shared.place.stores[0].reserved.load(Ordering::Relaxed);
         let mut out = [0u8; 512];
         // Warm up: the thread's stripe takes its credit.
         for i in 0..4 {
@@ -259,7 +292,7 @@ mod tests {
                 }
             });
         });
-        let held: u64 = cache.shared.stores[0].credit.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        let held: u64 = cache.shared.place.stores[0].credit.iter().map(|c| c.load(Ordering::Relaxed)).sum();
         assert!(held > 0, "the other thread's stripe holds no credit: the test tests nothing");
         assert_eq!(cache.host_stats().stores[0].used_pages, 0);
         // This thread fills the whole store: every put is stored and nothing is evicted.

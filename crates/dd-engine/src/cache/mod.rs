@@ -46,42 +46,47 @@
 //! `release_remote_of`). The pin table (pins held for peers) is a leaf lock. The engine never waits
 //! for a peer: the sink's calls return at once, and fetching a remotified page is the daemon's business.
 //!
+//! # State, by owner
+//! `Shared` holds the registry (the tree, the pool table, limits) and three parts, each owned by one
+//! file: `place::Placement` (the stores, their reservations, de-duplication and compression: where
+//! pages live, knowing nothing of pools), `evict::Evictor` (Algorithm 1's settings, the insertion
+//! sequence, the maintenance worker's signals) and `coop::Coop` (co-operative de-duplication, reached by
+//! the put and eviction paths through four calls).
+//!
 //! # Files
 //! One concern per file, all of them `impl` blocks of [`Cache`] and of the shared state (`Shared`)
 //! defined here: `control` (the tree: VMs, pools, weights, capacities), `data` (puts, gets, flushes,
-//! migrations, [`PoolHandle`]), `evict` (reservations and Algorithm 1), `tiers` (hybrid maintenance:
-//! demotion and promotion), `coop` (co-operative de-duplication: remote records and pins), `stats`
-//! (statistics and invariant checks). The files call each other's methods only through `Shared` and
-//! `Cache` (methods used by a sibling are `pub(super)`); the types, constants and helpers they share
-//! live here.
+//! migrations, [`PoolHandle`]), `place` (placing and freeing pages, reservations), `evict` (reserving
+//! with eviction, Algorithm 1), `tiers` (hybrid maintenance: demotion and promotion), `coop`
+//! (co-operative de-duplication: remote records and pins), `stats` (statistics and invariant checks).
+//! The files call each other's methods only through `Shared` and `Cache` (methods used by a sibling are
+//! `pub(super)`); the types, constants and helpers they share live here.
 
 mod control;
 mod coop;
 mod data;
 mod evict;
+mod place;
 mod stats;
 mod tiers;
 
 pub use data::PoolHandle;
 
 use coop::Coop;
+use evict::Evictor;
+use place::Placement;
 
-use crate::config::{Compression, EngineConfig, HybridConfig, Maintenance};
+use crate::config::{EngineConfig, HybridConfig, Maintenance};
 use crate::error::CacheError;
-use crate::pool::{Hasher, Loc, Map, Pool, PoolInner, VmShare};
+use crate::pool::{Hasher, Map, Pool, PoolInner, VmShare};
 use crate::remote::RemoteRef;
 use crate::stats::Counters;
-use crate::store::dedup::ContentIndex;
-use crate::store::mem::MemStore;
-use crate::store::ssd::{SsdOptions, SsdStore};
-use crate::types::{Mode, PoolId, StoreKind, VmId, VmWeights};
-use crossbeam_utils::CachePadded;
-use parking_lot::{Condvar, Mutex, RwLock};
+use crate::types::{Mode, PoolId, VmId, VmWeights};
+use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 use tiers::maintenance_loop;
 
 const POOL_SHARDS: usize = 16;
@@ -97,113 +102,6 @@ thread_local! {
     static SEQ_CACHE: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
     /// The pool this thread last used by id, with its cache instance (see [`Shared::with_pool`]).
     static LAST_POOL: std::cell::Cell<Option<(u64, Arc<Pool>)>> = const { std::cell::Cell::new(None) };
-}
-
-/// Reservation credit a stripe takes from a store's shared counter at once; a stripe holding more than
-/// twice this after frees gives the excess back.
-const CREDIT_BLOCK: u64 = 32;
-
-/// A store's capacity and reservation. The reservation is split so that a put and a get write no cache
-/// line shared by all threads (issue 28, item 3): `reserved` counts pages in use plus the **credit** the
-/// stripes hold (reserved, not yet used), and each thread takes pages from and gives freed pages back to
-/// its own stripe's credit (`crate::stripe`), touching `reserved` once per [`CREDIT_BLOCK`] pages.
-///
-/// A store never refuses or evicts while it has room: a reservation the shared counter cannot give
-/// first gathers every stripe's credit back into it ([`Self::drain_credit`]) and tries again, so with one
-/// thread a put fails exactly when the pages in use reach the capacity, as with one counter. Concurrent
-/// threads can still race as they could with one counter (a page freed just after a put found the
-/// store full).
-struct StoreState {
-    capacity: AtomicU64,
-    /// Pages in use plus the stripes' credit; at most `capacity` (except just after a shrink).
-    reserved: CachePadded<AtomicU64>,
-    /// Per stripe: pages reserved in `reserved` and not in use.
-    credit: Box<[CachePadded<AtomicU64>]>,
-    evict_lock: Mutex<()>,
-}
-
-impl StoreState {
-    fn new(capacity: u64) -> Self {
-        StoreState {
-            capacity: AtomicU64::new(capacity),
-            reserved: CachePadded::new(AtomicU64::new(0)),
-            credit: (0..crate::stripe::STRIPES).map(|_| CachePadded::new(AtomicU64::new(0))).collect(),
-            evict_lock: Mutex::new(()),
-        }
-    }
-
-    /// Reserves `n` pages: from this thread's credit, else from the shared counter (with a block of
-    /// credit while the store has room for it), else from every stripe's credit gathered back.
-    fn try_reserve(&self, n: u64) -> bool {
-        let credit = &self.credit[crate::stripe::index()];
-        let mut cur = credit.load(Ordering::Relaxed);
-        while cur >= n {
-            match credit.compare_exchange_weak(cur, cur - n, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
-        if self.take_shared(n + CREDIT_BLOCK) {
-            credit.fetch_add(CREDIT_BLOCK, Ordering::AcqRel);
-            return true;
-        }
-        if self.take_shared(n) {
-            return true;
-        }
-        self.drain_credit() > 0 && self.take_shared(n)
-    }
-
-    /// Takes `n` pages of the shared counter if they fit the capacity.
-    fn take_shared(&self, n: u64) -> bool {
-        let cap = self.capacity.load(Ordering::Relaxed);
-        let mut cur = self.reserved.load(Ordering::Relaxed);
-        loop {
-            if cur + n > cap {
-                return false;
-            }
-            match self.reserved.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    /// Gives back `n` pages no longer in use, to this thread's credit (the excess over one block to the
-    /// shared counter once the credit passes two blocks).
-    fn release(&self, n: u64) {
-        let credit = &self.credit[crate::stripe::index()];
-        let now = credit.fetch_add(n, Ordering::AcqRel) + n;
-        if now > 2 * CREDIT_BLOCK
-            && credit.compare_exchange(now, CREDIT_BLOCK, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-        {
-            let prev = self.reserved.fetch_sub(now - CREDIT_BLOCK, Ordering::AcqRel);
-            debug_assert!(prev >= now - CREDIT_BLOCK, "store reservation underflow");
-        }
-    }
-
-    /// Moves every stripe's credit back into the shared counter; returns how many pages that freed.
-    fn drain_credit(&self) -> u64 {
-        let mut freed = 0;
-        for c in self.credit.iter() {
-            // Read first: most stripes hold nothing, and a swap would take each line exclusively.
-            if c.load(Ordering::Relaxed) == 0 {
-                continue;
-            }
-            let x = c.swap(0, Ordering::AcqRel);
-            if x > 0 {
-                let prev = self.reserved.fetch_sub(x, Ordering::AcqRel);
-                debug_assert!(prev >= x, "store reservation underflow");
-                freed += x;
-            }
-        }
-        freed
-    }
-
-    /// Pages in use (reserved and not held as credit). Exact when no reservation is in flight.
-    fn used(&self) -> u64 {
-        let credit: u64 = self.credit.iter().map(|c| c.load(Ordering::Acquire)).sum();
-        self.reserved.load(Ordering::Acquire).saturating_sub(credit)
-    }
 }
 
 struct VmNode {
@@ -248,25 +146,16 @@ struct Shared {
     max_pools_per_vm: usize,
     /// Shards of a pool whose options name none (`EngineConfig::pool_shards`, 0 resolved).
     pool_shards: u32,
-    maintenance: Maintenance,
-    maintenance_interval: Duration,
-    settings: RwLock<Settings>,
-    mem: MemStore,
-    /// LZ4-compress memory pages into half frames (`mem.compression`).
-    compress: bool,
-    /// Content index when the memory store de-duplicates (`mem.dedup`).
-    dedup: Option<ContentIndex>,
-    ssd: Option<SsdStore>,
-    stores: [StoreState; 2],
+    /// Where pages live (`place.rs`): the stores, their reservations, de-duplication and compression.
+    place: Placement,
     /// Pools by (VM, per-VM pool id).
     pools: [RwLock<PoolTable>; POOL_SHARDS],
     tree: RwLock<Tree>,
-    /// Insertion sequence (global-mode FIFO order); threads take it in blocks, see [`Shared::next_seq`].
-    seq: CachePadded<AtomicU64>,
     /// Distinguishes caches in the per-thread sequence-block cache.
     instance: u64,
-    wake: (Mutex<bool>, Condvar),
-    shutdown: AtomicBool,
+    /// What chooses victims and when (`evict.rs`, `tiers.rs`): the mode and batch, the insertion
+    /// sequence, the maintenance worker's signals.
+    evictor: Evictor,
     /// Co-operative de-duplication's state (`coop.rs`): the put and eviction paths reach it only through
     /// `Coop`'s methods.
     coop: Coop,
@@ -311,36 +200,7 @@ impl Cache {
     ) -> Result<Cache, CacheError> {
         cfg.validate()?;
         let ps = cfg.page_size_bytes;
-        let mem_cap = cfg.pages(cfg.mem.capacity_bytes);
-        let mem_max = cfg.pages(cfg.mem.max_bytes());
-        let mem =
-            MemStore::new(ps, mem_max as u32, mem_cap as u32).map_err(|e| CacheError::Io(e.to_string()))?;
-        if cfg.mem.huge_pages {
-            // A hint (see `MemStoreConfig::huge_pages`): without THP the arena works the same, slower.
-            let _ = mem.advise_huge_pages();
-        }
-        let (ssd, ssd_cap) = match &cfg.ssd {
-            Some(s) => {
-                let slots = cfg.pages(s.capacity_bytes);
-                let dir = if s.scratch { Some(s.path.as_path()) } else { s.path.parent() };
-                if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir)
-                        .map_err(|e| CacheError::Io(format!("creating {}: {e}", dir.display())))?;
-                }
-                let store = SsdStore::open(SsdOptions {
-                    path: s.path.clone(),
-                    scratch: s.scratch,
-                    slots: slots as u32,
-                    page_size: ps,
-                    direct_io: s.direct_io,
-                    io_backend: s.io_backend,
-                    write_queue_pages: s.write_queue_pages,
-                    faults,
-                })?;
-                (Some(store), slots)
-            }
-            None => (None, 0),
-        };
+        let place = Placement::open(&cfg, faults)?;
         let shared = Arc::new(Shared {
             page_size: ps,
             max_batch: cfg.max_batch_pages,
@@ -350,24 +210,11 @@ impl Cache {
                 0 => crate::config::default_pool_shards(),
                 n => n,
             },
-            maintenance: cfg.maintenance,
-            maintenance_interval: Duration::from_millis(cfg.maintenance_interval_ms),
-            settings: RwLock::new(Settings {
-                mode: cfg.mode,
-                batch_pages: cfg.pages(cfg.eviction_batch_bytes),
-                hybrid: cfg.hybrid.clone(),
-            }),
-            dedup: cfg.mem.dedup.then(|| ContentIndex::new(mem_max as u32)),
-            compress: cfg.mem.compression == Compression::Lz4,
-            mem,
-            ssd,
-            stores: [StoreState::new(mem_cap), StoreState::new(ssd_cap)],
+            evictor: Evictor::new(&cfg),
+            place,
             pools: std::array::from_fn(|_| RwLock::new(Map::with_hasher(Hasher::default()))),
             tree: RwLock::new(Tree::default()),
-            seq: CachePadded::new(AtomicU64::new(1)),
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
-            wake: (Mutex::new(false), Condvar::new()),
-            shutdown: AtomicBool::new(false),
             coop: Coop::new(),
             pools_alive: Arc::new(AtomicU64::new(0)),
         });
@@ -401,7 +248,7 @@ impl Cache {
     }
 
     fn after_reconfigure(&self) {
-        match self.shared.maintenance {
+        match self.shared.evictor.maintenance {
             Maintenance::Inline => self.shared.maintain_all_until_idle(),
             Maintenance::Background => self.shared.wake_worker(),
         }
@@ -410,7 +257,7 @@ impl Cache {
 
 impl Drop for Cache {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.evictor.shutdown.store(true, Ordering::Release);
         self.shared.wake_worker();
         if let Some(h) = self.worker.lock().take() {
             let _ = h.join();
@@ -437,7 +284,7 @@ fn shard_of(vm: VmId, id: PoolId) -> usize {
 
 impl Shared {
     fn wake_worker(&self) {
-        let (lock, cv) = &self.wake;
+        let (lock, cv) = &self.evictor.wake;
         *lock.lock() = true;
         cv.notify_one();
     }
@@ -493,35 +340,6 @@ impl Shared {
         r
     }
 
-    fn free_locs(&self, locs: &[Loc]) {
-        let mut n = [0u64; 2];
-        for l in locs {
-            match *l {
-                Loc::Mem(f) => {
-                    if let Some(idx) = &self.dedup {
-                        if !idx.release(f) {
-                            continue; // still shared: no frame freed, no reservation released
-                        }
-                    }
-                    if !self.mem.free(f) {
-                        continue; // a half whose buddy still holds the frame
-                    }
-                }
-                Loc::Ssd(s) => {
-                    if let Some(ssd) = &self.ssd {
-                        ssd.free(s)
-                    }
-                }
-            }
-            n[l.store().idx()] += 1;
-        }
-        for s in StoreKind::ALL {
-            if n[s.idx()] > 0 {
-                self.stores[s.idx()].release(n[s.idx()]);
-            }
-        }
-    }
-
     /// The next insertion sequence number. A thread takes `SEQ_BLOCK` numbers at a time from the shared
     /// counter, so concurrent putters do not fight over one cache line: with one thread the order is
     /// exact insertion order (the lab, the tests); across threads it is insertion order to within a
@@ -530,8 +348,8 @@ impl Shared {
     /// connection's requests on whichever runtime thread is free, and the lab run against it must see
     /// the exact insertion order the in-process engine gives.
     fn next_seq(&self) -> u64 {
-        if self.maintenance == Maintenance::Inline {
-            return self.seq.fetch_add(1, Ordering::Relaxed);
+        if self.evictor.maintenance == Maintenance::Inline {
+            return self.evictor.seq.fetch_add(1, Ordering::Relaxed);
         }
         SEQ_CACHE.with(|c| {
             let (inst, next, end) = c.get();
@@ -539,14 +357,10 @@ impl Shared {
                 c.set((inst, next + 1, end));
                 return next;
             }
-            let start = self.seq.fetch_add(SEQ_BLOCK, Ordering::Relaxed);
+            let start = self.evictor.seq.fetch_add(SEQ_BLOCK, Ordering::Relaxed);
             c.set((self.instance, start + 1, start + SEQ_BLOCK));
             start
         })
-    }
-
-    fn store_available(&self, s: StoreKind) -> bool {
-        s == StoreKind::Mem || self.ssd.is_some()
     }
 }
 

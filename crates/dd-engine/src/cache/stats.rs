@@ -56,7 +56,7 @@ impl Cache {
 
     pub fn host_stats(&self) -> HostStats {
         let tree = self.shared.tree.read();
-        let settings = self.shared.settings.read().clone();
+        let settings = self.shared.evictor.settings.read().clone();
         let eff = self.shared.effective(&tree);
         let vms: Vec<VmStats> = tree.vms.iter().map(|(id, n)| self.shared.vm_stats(*id, n, &eff)).collect();
         let mut totals = tree.retired;
@@ -76,9 +76,9 @@ impl Cache {
                 .iter()
                 .map(|&s| StoreStatus {
                     kind: s,
-                    configured: s == StoreKind::Mem || self.shared.ssd.is_some(),
+                    configured: s == StoreKind::Mem || self.shared.place.ssd.is_some(),
                     capacity_pages: self.capacity_pages(s),
-                    used_pages: self.shared.stores[s.idx()].used(),
+                    used_pages: self.shared.place.stores[s.idx()].used(),
                 })
                 .collect(),
             vms,
@@ -92,7 +92,7 @@ impl Cache {
 
     /// The SSD store's I/O counters, if there is one.
     pub fn ssd_io_stats(&self) -> Option<crate::store::ssd::SsdIoStats> {
-        self.shared.ssd.as_ref().map(|s| s.io_stats())
+        self.shared.place.ssd.as_ref().map(|s| s.io_stats())
     }
 
     /// Checks the SPEC section 5 identity of every pool, of every VM's totals and of the host's totals,
@@ -141,15 +141,15 @@ impl Cache {
             }
         }
         for s in StoreKind::ALL {
-            let reserved = self.shared.stores[s.idx()].used();
-            if s == StoreKind::Mem && (self.shared.dedup.is_some() || self.shared.compress) {
+            let reserved = self.shared.place.stores[s.idx()].used();
+            if s == StoreKind::Mem && (self.shared.place.dedup.is_some() || self.shared.place.compress) {
                 // Reservations count whole frames; pools count pages, which may share a frame (equal
                 // content) or half of one (compressed).
-                let frames = self.shared.mem.frames_in_use();
+                let frames = self.shared.place.mem.frames_in_use();
                 if reserved != frames {
                     return Err(format!("mem: reserved {reserved} != frames in use {frames}"));
                 }
-                if let Some(idx) = &self.shared.dedup {
+                if let Some(idx) = &self.shared.place.dedup {
                     let pins = self.shared.coop.pins_held();
                     if idx.references() != per_store[0] + pins {
                         return Err(format!(
@@ -180,7 +180,7 @@ impl Shared {
     /// Effective entitlements of every VM and pool, per store (`policy::effective`), from the tree's
     /// use and static entitlements now. Called with the tree locked (read); O(pools).
     fn effective(&self, tree: &Tree) -> [Effective; 2] {
-        let batch = self.settings.read().batch_pages;
+        let batch = self.evictor.settings.read().batch_pages;
         StoreKind::ALL.map(|s| {
             let vms: Vec<VmUse> = tree
                 .vms

@@ -23,7 +23,7 @@ impl Cache {
     /// concurrent operations, every watermark is satisfied. Tests and shutdown use it.
     pub fn quiesce(&self) {
         self.shared.maintain_all_until_idle();
-        if let Some(ssd) = &self.shared.ssd {
+        if let Some(ssd) = &self.shared.place.ssd {
             ssd.sync();
         }
     }
@@ -32,13 +32,13 @@ impl Cache {
 pub(super) fn maintenance_loop(weak: std::sync::Weak<Shared>) {
     loop {
         let Some(shared) = weak.upgrade() else { return };
-        if shared.shutdown.load(Ordering::Acquire) {
+        if shared.evictor.shutdown.load(Ordering::Acquire) {
             return;
         }
         shared.maintain_all_until_idle();
-        let interval = shared.maintenance_interval;
+        let interval = shared.evictor.maintenance_interval;
         {
-            let (lock, cv) = &shared.wake;
+            let (lock, cv) = &shared.evictor.wake;
             let mut woken = lock.lock();
             if !*woken {
                 cv.wait_for(&mut woken, interval);
@@ -54,7 +54,7 @@ impl Shared {
     // --------------------------------------------------------------------------------------------
 
     pub(super) fn high_watermark(&self, limit: u64) -> u64 {
-        let ppm = self.settings.read().hybrid.high_watermark_margin_ppm as u128;
+        let ppm = self.evictor.settings.read().hybrid.high_watermark_margin_ppm as u128;
         limit - (limit as u128 * ppm / 1_000_000) as u64
     }
 
@@ -71,7 +71,7 @@ impl Shared {
             // Each step moves at most one batch; a pool converges in a bounded number of steps because
             // every step strictly reduces its distance to the watermarks (or does nothing).
             let mut steps = 0u64;
-            while self.maintain_pool(&p) && !self.shutdown.load(Ordering::Relaxed) {
+            while self.maintain_pool(&p) && !self.evictor.shutdown.load(Ordering::Relaxed) {
                 steps += 1;
                 if steps > 1_000_000 {
                     tracing::warn!(pool = p.id.0, "hybrid maintenance did not converge");
@@ -89,7 +89,7 @@ impl Shared {
             return false;
         }
         let (batch, low_margin) = {
-            let s = self.settings.read();
+            let s = self.evictor.settings.read();
             (
                 (s.hybrid.move_batch_bytes / self.page_size as u64).max(1),
                 s.hybrid.low_watermark_margin_bytes / self.page_size as u64,
@@ -101,7 +101,7 @@ impl Shared {
         let ssd_used = p.used(StoreKind::Ssd);
         let mem_high = self.high_watermark(mem_limit);
         let ssd_high = self.high_watermark(ssd_limit);
-        let can_demote = self.store_available(StoreKind::Ssd) && spec.weight(StoreKind::Ssd) > 0;
+        let can_demote = self.place.store_available(StoreKind::Ssd) && spec.weight(StoreKind::Ssd) > 0;
 
         if ssd_used > ssd_high && p.kind == PoolKind::Ephemeral {
             return self.evict_from_pool(p, StoreKind::Ssd, batch.min(ssd_used), None) > 0;
@@ -137,7 +137,7 @@ impl Shared {
     /// Demotes up to `n` of the oldest memory pages of one shard of `p`. Returns pages moved and whether
     /// the SSD had room (false: it took none of a chunk).
     fn demote_in(&self, p: &Arc<Pool>, shard: usize, n: u64) -> (u64, bool) {
-        let Some(ssd) = self.ssd.as_ref() else { return (0, true) };
+        let Some(ssd) = self.place.ssd.as_ref() else { return (0, true) };
         let ps = self.page_size;
         let mut moved = 0u64;
         let mut buf = vec![0u8; ps * DEMOTE_CHUNK];
@@ -154,7 +154,7 @@ impl Shared {
                         continue;
                     };
                     let i = picked.len();
-                    self.mem.read(f, &mut buf[i * ps..(i + 1) * ps]);
+                    self.place.mem.read(f, &mut buf[i * ps..(i + 1) * ps]);
                     picked.push((e.key, e.version));
                 }
                 picked
@@ -169,7 +169,7 @@ impl Shared {
                     break;
                 }
                 let Some(slot) = ssd.alloc() else {
-                    self.stores[1].release(1);
+                    self.place.stores[1].release(1);
                     break;
                 };
                 ssd.write(slot, &buf[i * ps..(i + 1) * ps]);
@@ -196,7 +196,7 @@ impl Shared {
                 }
                 p.publish(&g);
             }
-            self.free_locs(&to_free);
+            self.place.free_locs(&to_free);
         }
         (moved, true)
     }
@@ -217,7 +217,7 @@ impl Shared {
     /// Promotes up to `n` of the youngest SSD pages of one shard of `p`. Returns pages moved and whether
     /// memory had room for all it tried.
     fn promote_in(&self, p: &Arc<Pool>, shard: usize, n: u64) -> (u64, bool) {
-        let Some(ssd) = self.ssd.as_ref() else { return (0, false) };
+        let Some(ssd) = self.place.ssd.as_ref() else { return (0, false) };
         let picked: Vec<(Key, u64, crate::store::ssd::SlotId)> = {
             let g = p.lock_shard(shard);
             g.youngest_in(StoreKind::Ssd, n as usize)
@@ -234,34 +234,34 @@ impl Shared {
         let mut staged = Vec::with_capacity(picked.len());
         let mut room = true;
         for (key, version, slot) in picked {
-            if !self.stores[0].try_reserve(1) {
+            if !self.place.stores[0].try_reserve(1) {
                 room = false;
                 break;
             }
-            let Some(frame) = self.mem.alloc() else {
-                self.stores[0].release(1);
+            let Some(frame) = self.place.mem.alloc() else {
+                self.place.stores[0].release(1);
                 room = false;
                 break;
             };
             let mut page = vec![0u8; self.page_size];
             if ssd.read(slot, &mut page).is_err() {
-                self.mem.free(frame);
-                self.stores[0].release(1);
+                self.place.mem.free(frame);
+                self.place.stores[0].release(1);
                 continue;
             }
-            self.mem.write(frame, &page);
-            let frame = match &self.dedup {
+            self.place.mem.write(frame, &page);
+            let frame = match &self.place.dedup {
                 Some(idx) => {
                     let used = idx.insert(
-                        &self.mem,
+                        &self.place.mem,
                         p.dedup_domain.load(Ordering::Relaxed),
                         hash_page(&page),
                         frame,
                         &page,
                     );
                     if used != frame {
-                        self.mem.free(frame);
-                        self.stores[0].release(1);
+                        self.place.mem.free(frame);
+                        self.place.stores[0].release(1);
                     }
                     used
                 }
@@ -288,7 +288,7 @@ impl Shared {
             }
             p.publish(&g);
         }
-        self.free_locs(&to_free);
+        self.place.free_locs(&to_free);
         (moved, room)
     }
 }
