@@ -54,7 +54,7 @@ impl Cache {
         pool: PoolId,
         pages: &[(Key, &[u8])],
     ) -> Result<Vec<PutOutcome>, CacheError> {
-        self.check_batch(pages.len())?;
+        self.shared.check_batch(pages.len())?;
         for (_, d) in pages {
             self.check_len(d.len())?;
         }
@@ -70,7 +70,7 @@ impl Cache {
         keys: &[Key],
         out: &mut [u8],
     ) -> Result<Vec<bool>, CacheError> {
-        self.check_batch(keys.len())?;
+        self.shared.check_batch(keys.len())?;
         if keys.is_empty() && out.is_empty() {
             // An empty batch is valid (like an empty put batch); only the pool must exist.
             self.shared.pool(vm, pool)?;
@@ -97,7 +97,7 @@ impl Cache {
         keys: &[Key],
         hit: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, CacheError> {
-        self.check_batch(keys.len())?;
+        self.shared.check_batch(keys.len())?;
         self.shared.with_pool(vm, pool, |p| Ok(self.shared.get_batch_each_in(p, keys, hit)))
     }
 
@@ -263,9 +263,7 @@ impl PoolHandle {
         keys: &[Key],
         hit: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, CacheError> {
-        if keys.len() > self.shared.max_batch {
-            return Err(CacheError::BatchTooLarge { limit: self.shared.max_batch, got: keys.len() });
-        }
+        self.shared.check_batch(keys.len())?;
         self.live()?;
         Ok(self.shared.get_batch_each_in(&self.pool, keys, hit))
     }

@@ -240,13 +240,6 @@ impl Cache {
         self.shared.check_len(len)
     }
 
-    fn check_batch(&self, n: usize) -> Result<(), CacheError> {
-        if n > self.shared.max_batch {
-            return Err(CacheError::BatchTooLarge { limit: self.shared.max_batch, got: n });
-        }
-        Ok(())
-    }
-
     fn after_reconfigure(&self) {
         match self.shared.evictor.maintenance {
             Maintenance::Inline => self.shared.maintain_all_until_idle(),
@@ -287,6 +280,14 @@ impl Shared {
         let (lock, cv) = &self.evictor.wake;
         *lock.lock() = true;
         cv.notify_one();
+    }
+
+    /// A batch of `n` pages is within the configured bound (`EngineConfig::max_batch_pages`).
+    fn check_batch(&self, n: usize) -> Result<(), CacheError> {
+        if n > self.max_batch {
+            return Err(CacheError::BatchTooLarge { limit: self.max_batch, got: n });
+        }
+        Ok(())
     }
 
     fn check_len(&self, len: usize) -> Result<(), CacheError> {
