@@ -473,7 +473,7 @@ impl Shared {
         if p.exclusive_gets {
             let taken = {
                 let mut g = p.lock(key);
-                let r = g.take(key, Departure::ExclusiveGet, |l| self.prefetch(l));
+                let r = g.take(key, Departure::ExclusiveGet, |l| self.place.prefetch(l));
                 if r.is_none() {
                     g.counters.gets_missed += 1;
                 }
@@ -481,7 +481,7 @@ impl Shared {
                 r
             };
             let loc = taken?;
-            let ok = self.read_owned(loc, out);
+            let ok = self.place.read_owned(loc, out);
             self.place.free_locs(&[loc]);
             if !ok {
                 self.count_lost_page(p, key, loc.store());
@@ -489,32 +489,6 @@ impl Shared {
             return ok.then_some(loc.store());
         }
         self.get_shared(p, key, out)
-    }
-
-    /// Starts loading a memory page into the CPU caches (the copy follows shortly).
-    fn prefetch(&self, loc: Loc) {
-        if let Loc::Mem(f) = loc {
-            self.place.mem.prefetch(f);
-        }
-    }
-
-    /// Ends a read hold on a memory frame (`store::mem`); a frame freed while held is freed by its last
-    /// reader, who then gives its reservation back.
-    fn end_read(&self, f: FrameId) {
-        if self.place.mem.end_read(f) {
-            self.place.stores[0].release(1);
-        }
-    }
-
-    /// Copies a location the caller owns (taken out of the index) into `out`.
-    fn read_owned(&self, loc: Loc, out: &mut [u8]) -> bool {
-        match loc {
-            Loc::Mem(f) => {
-                self.place.mem.read(f, out);
-                true
-            }
-            Loc::Ssd(s) => self.place.ssd.as_ref().is_some_and(|ssd| ssd.read(s, out).is_ok()),
-        }
     }
 
     /// An exclusive get whose SSD read failed: the page is gone, so re-count the hit as an eviction and
@@ -553,7 +527,7 @@ impl Shared {
                         self.place.mem.hold_for_read(f);
                         drop(g);
                         self.place.mem.read(f, out);
-                        self.end_read(f);
+                        self.place.end_read(f);
                         return Some(StoreKind::Mem);
                     }
                     Loc::Ssd(slot) => (slot, g.entry(id).version),
@@ -649,7 +623,7 @@ impl Shared {
         }
         for (i, f) in held {
             self.place.mem.with_page(f, |page| hit(i, page));
-            self.end_read(f);
+            self.place.end_read(f);
         }
         if !on_ssd.is_empty() {
             let mut page = vec![0u8; self.page_size];
@@ -680,7 +654,7 @@ impl Shared {
             let mut g = p.lock_shard(group[0].0 as usize);
             for &(_, i) in group {
                 let i = i as usize;
-                match g.take(keys[i], Departure::ExclusiveGet, |l| self.prefetch(l)) {
+                match g.take(keys[i], Departure::ExclusiveGet, |l| self.place.prefetch(l)) {
                     Some(loc) => taken.push((i, loc)),
                     None => g.counters.gets_missed += 1,
                 }

@@ -9,6 +9,7 @@ use crate::config::{Compression, EngineConfig};
 use crate::error::CacheError;
 use crate::pool::Loc;
 use crate::store::dedup::ContentIndex;
+use crate::store::frame::FrameId;
 use crate::store::mem::MemStore;
 use crate::store::ssd::{SsdOptions, SsdStore};
 use crate::types::StoreKind;
@@ -102,6 +103,35 @@ impl Placement {
             if n[s.idx()] > 0 {
                 self.stores[s.idx()].release(n[s.idx()]);
             }
+        }
+    }
+
+    /// Starts loading a memory page into the CPU caches (the copy follows shortly).
+    #[inline] // on every get; its callers are in `data.rs`
+    pub(super) fn prefetch(&self, loc: Loc) {
+        if let Loc::Mem(f) = loc {
+            self.mem.prefetch(f);
+        }
+    }
+
+    /// Ends a read hold on a memory frame (`store::mem`); a frame freed while held is freed by its last
+    /// reader, who then gives its reservation back.
+    #[inline] // on every get; its callers are in `data.rs`
+    pub(super) fn end_read(&self, f: FrameId) {
+        if self.mem.end_read(f) {
+            self.stores[0].release(1);
+        }
+    }
+
+    /// Copies a location the caller owns (taken out of the index) into `out`.
+    #[inline] // on every get; its callers are in `data.rs`
+    pub(super) fn read_owned(&self, loc: Loc, out: &mut [u8]) -> bool {
+        match loc {
+            Loc::Mem(f) => {
+                self.mem.read(f, out);
+                true
+            }
+            Loc::Ssd(s) => self.ssd.as_ref().is_some_and(|ssd| ssd.read(s, out).is_ok()),
         }
     }
 
