@@ -186,16 +186,16 @@ impl Shared {
                         break;
                     }
                 }
-                match g.pop_victim(store) {
-                    Some(Entry { loc: Loc::Mem(f), key, .. })
-                        if offering.as_ref().is_some_and(|o| g.pending_remote < o.max_pending_per_shard) =>
+                match (g.pop_victim(store), &offering) {
+                    (Some(Entry { loc: Loc::Mem(f), key, .. }), Some(o))
+                        if g.pending_remote < o.max_pending_per_shard =>
                     {
-                        let token = offering.as_ref().map_or(0, |o| o.token());
+                        let token = o.token();
                         g.set_pending(key, token);
                         offers.push((key, token, f));
                     }
-                    Some(Entry { loc, .. }) => locs.push(loc),
-                    None => break,
+                    (Some(Entry { loc, .. }), _) => locs.push(loc),
+                    (None, _) => break,
                 }
                 taken += 1;
             }

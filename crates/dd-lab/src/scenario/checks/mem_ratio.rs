@@ -1,7 +1,7 @@
 //! `kind = "mem_ratio"`: the memory controller keeps two containers' usage in a target ratio (thesis 000,
 //! chapter 4: Figures 4.6-4.9).
 
-use super::measure::{ct_of, range_text, run_of, scale_window, series};
+use super::measure::{ct_of, in_range, range_text, run_of, scale_window, series};
 use super::{CheckSpec, Names};
 use crate::error::LabError;
 use crate::record::RunResult;
@@ -96,7 +96,7 @@ impl CheckSpec for MemRatioCheck {
                 Stat::Max => max,
                 Stat::Mean => mean,
             };
-            let this = super::measure::in_range(s, c.min_dev, c.max_dev);
+            let this = in_range(s, c.min_dev, c.max_dev);
             ok &= this;
             stats.push(s);
             parts.push(format!(
