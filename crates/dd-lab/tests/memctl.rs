@@ -151,3 +151,55 @@ fn thesis4_scenarios_are_deterministic_and_pass_at_small_scale() {
         assert!(a.all_passed(), "{name}: {:?}", a.checks.iter().filter(|c| !c.passed).collect::<Vec<_>>());
     }
 }
+
+/// One store loaded to 58.6 MiB, limited to 16 MiB at 4 s and lifted at 8 s (`set_memory_limit`).
+fn limited_store(limit: &str, lift: &str) -> String {
+    format!(
+        r#"
+name = "t"
+duration_s = 12
+sample_interval_s = 0.5
+[host]
+mem_capacity_mib = 512
+disk = {{ kind = "ssd" }}
+[[vms]]
+name = "vm"
+memory_mib = 256
+[[vms.containers]]
+name = "db"
+cache = {{ type = "none" }}
+workload = {{ kind = "ycsb", store = "redis", workload = "a", record_count = 30000, record_kib = 2, nthreads = 2 }}
+[[timeline]]
+at_s = 4
+action = "set_memory_limit"
+container = "db"
+{limit}
+[[timeline]]
+at_s = 8
+action = "set_memory_limit"
+container = "{lift}"
+"#
+    )
+}
+
+#[test]
+fn set_memory_limit_reclaims_at_once_and_lifting_it_lets_the_container_grow_again() {
+    let res = run(&limited_store("mib = 16", "db"));
+    let r = &res.runs[0];
+    let at = |t: f64| r.samples.iter().find(|s| (s.t_s - t).abs() < 1e-9).map(|s| s.memcg_pages).unwrap();
+    let limit = 16 * 256;
+    assert_eq!(at(3.5), 15_000, "all 30 000 records of 2 KiB resident before the limit");
+    for t in [4.5, 6.0, 8.0] {
+        assert!(at(t) <= limit, "{} pages at {t} s under a limit of {limit}", at(t));
+    }
+    assert!(at(12.0) > 2 * limit, "the lifted limit lets it fault its records back: {} pages", at(12.0));
+}
+
+#[test]
+fn set_memory_limit_is_validated_by_field() {
+    let err = |text: &str| Scenario::from_toml(text).and_then(|s| s.validate()).unwrap_err().to_string();
+    let e = err(&limited_store("mib = 0", "db"));
+    assert!(e.contains("timeline[0].mib"), "{e}");
+    let e = err(&limited_store("mib = 16", "nosuch"));
+    assert!(e.contains("timeline[1].container"), "{e}");
+}

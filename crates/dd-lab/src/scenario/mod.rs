@@ -335,6 +335,14 @@ pub enum Event {
         store: dd_engine::StoreKind,
         mib: f64,
     },
+    /// A container's memory (memcg hard) limit from now on: lowered, it reclaims at once, as the
+    /// provisioner's plans do; `None` lifts it (the VM's memory).
+    SetMemoryLimit {
+        at_s: f64,
+        container: String,
+        #[serde(default)]
+        mib: Option<f64>,
+    },
     SetMode {
         at_s: f64,
         mode: Mode,
@@ -369,6 +377,7 @@ impl Event {
             | Event::SetCache { at_s, .. }
             | Event::SetVmWeights { at_s, .. }
             | Event::SetCapacity { at_s, .. }
+            | Event::SetMemoryLimit { at_s, .. }
             | Event::SetMode { at_s, .. }
             | Event::Balloon { at_s, .. }
             | Event::WorkingSet { at_s, .. } => *at_s,
@@ -381,6 +390,7 @@ impl Event {
             | Event::SetCache { at_s, .. }
             | Event::SetVmWeights { at_s, .. }
             | Event::SetCapacity { at_s, .. }
+            | Event::SetMemoryLimit { at_s, .. }
             | Event::SetMode { at_s, .. }
             | Event::Balloon { at_s, .. }
             | Event::WorkingSet { at_s, .. } => at_s,
@@ -563,6 +573,7 @@ impl Scenario {
             *e.at_mut() *= k;
             match e {
                 Event::SetCapacity { mib, .. } => *mib *= k,
+                Event::SetMemoryLimit { mib, .. } => *mib = mib.map(|v| v * k),
                 Event::Balloon { memory_mib, over_s, .. } => {
                     *memory_mib *= k;
                     *over_s *= k;

@@ -136,6 +136,14 @@ impl Scenario {
                         return bad(&format!("{p}.mib"), "must be non-negative");
                     }
                 }
+                Event::SetMemoryLimit { container, mib, .. } => {
+                    if !ct_names.contains(container) {
+                        return bad(&format!("{p}.container"), "no such container");
+                    }
+                    if mib.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+                        return bad(&format!("{p}.mib"), "must be positive");
+                    }
+                }
                 Event::SetMode { .. } => {}
                 Event::WorkingSet { container, fraction, offset, .. } => {
                     let Some((_, _, c)) = self.containers().find(|(_, _, c)| &c.name == container) else {

@@ -526,6 +526,21 @@ impl<B: SecondChance> Sim<B> {
                 self.backend.set_capacity(store, mib_pages(mib))?;
                 self.capacity[store.idx()] = mib_pages(mib);
             }
+            Event::SetMemoryLimit { container, mib, .. } => {
+                // A container not running has no memcg to limit; its start sets its spec's limit.
+                let Some(c) = self.ct_index(&container).filter(|&c| self.cts[c].running) else {
+                    return Ok(());
+                };
+                let (v, cg) = (self.cts[c].vm, self.cts[c].cg);
+                let pages = mib.map_or(self.guests[v].limit, |m| mib_pages(m).max(1));
+                let mut buf = std::mem::take(&mut self.evbuf);
+                self.guests[v].set_hard_limit(cg, pages, &mut |e| buf.push(e));
+                let mut t = self.now;
+                let r = self.handle_evictions(v, &mut buf, &mut t);
+                buf.clear();
+                self.evbuf = buf;
+                r?;
+            }
             Event::SetMode { mode, .. } => self.backend.set_mode(mode)?,
             Event::WorkingSet { container, fraction, offset, .. } => {
                 let Some(c) = self.ct_index(&container) else { return Ok(()) };
