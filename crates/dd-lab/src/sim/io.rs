@@ -6,7 +6,7 @@
 
 use super::{Sim, SWAP_OBJECT};
 use crate::error::LabError;
-use crate::model::guest::{key, key_index, key_object, Evicted};
+use crate::model::guest::{key, key_index, key_object, Evicted, Guest};
 use crate::sim::backend::SecondChance;
 use dd_engine::StoreKind;
 
@@ -220,6 +220,22 @@ impl<B: SecondChance> Sim<B> {
         let mut buf = std::mem::take(&mut self.evbuf);
         self.guests[vm].insert(cg, k, dirty, anon, &mut |e| buf.push(e));
         let r = if buf.is_empty() { Ok(()) } else { self.handle_evictions(vm, &mut buf, t) };
+        buf.clear();
+        self.evbuf = buf;
+        r
+    }
+
+    /// Applies `change` to VM `v`'s guest now (a lowered limit, a balloon) and handles the pages it
+    /// reclaims at the current time.
+    pub(super) fn reclaim_now(
+        &mut self,
+        v: usize,
+        change: impl FnOnce(&mut Guest, &mut dyn FnMut(Evicted)),
+    ) -> Result<(), LabError> {
+        let mut buf = std::mem::take(&mut self.evbuf);
+        change(&mut self.guests[v], &mut |e| buf.push(e));
+        let mut t = self.now;
+        let r = self.handle_evictions(v, &mut buf, &mut t);
         buf.clear();
         self.evbuf = buf;
         r

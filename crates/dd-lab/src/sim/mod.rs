@@ -533,13 +533,7 @@ impl<B: SecondChance> Sim<B> {
                 };
                 let (v, cg) = (self.cts[c].vm, self.cts[c].cg);
                 let pages = mib.map_or(self.guests[v].limit, |m| mib_pages(m).max(1));
-                let mut buf = std::mem::take(&mut self.evbuf);
-                self.guests[v].set_hard_limit(cg, pages, &mut |e| buf.push(e));
-                let mut t = self.now;
-                let r = self.handle_evictions(v, &mut buf, &mut t);
-                buf.clear();
-                self.evbuf = buf;
-                r?;
+                self.reclaim_now(v, |g, sink| g.set_hard_limit(cg, pages, sink))?;
             }
             Event::SetMode { mode, .. } => self.backend.set_mode(mode)?,
             Event::WorkingSet { container, fraction, offset, .. } => {
@@ -557,13 +551,7 @@ impl<B: SecondChance> Sim<B> {
             }
             Event::Balloon { vm, memory_mib, .. } => {
                 if let Some(v) = self.vm_names.iter().position(|n| *n == vm) {
-                    let mut buf = std::mem::take(&mut self.evbuf);
-                    self.guests[v].set_limit(mib_pages(memory_mib), &mut |e| buf.push(e));
-                    let mut t = self.now;
-                    let r = self.handle_evictions(v, &mut buf, &mut t);
-                    buf.clear();
-                    self.evbuf = buf;
-                    r?;
+                    self.reclaim_now(v, |g, sink| g.set_limit(mib_pages(memory_mib), sink))?;
                 }
             }
         }

@@ -273,13 +273,7 @@ impl<B: SecondChance> Sim<B> {
         {
             if st.cfg.memory {
                 let (cg, pages) = (self.cts[c].cg, p.allocation.memory_pages.max(1));
-                let mut buf = std::mem::take(&mut self.evbuf);
-                self.guests[v].set_hard_limit(cg, pages, &mut |e| buf.push(e));
-                let mut now = self.now;
-                let r = self.handle_evictions(v, &mut buf, &mut now);
-                buf.clear();
-                self.evbuf = buf;
-                r?;
+                self.reclaim_now(v, |g, sink| g.set_hard_limit(cg, pages, sink))?;
             }
             // A VM without a store gets weight 0 there: keep what the container has for that store.
             let spec = p.spec();
