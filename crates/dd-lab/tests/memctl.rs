@@ -4,21 +4,24 @@
 
 use dd_lab::{run_scenario, RunOptions, Scenario};
 
+/// A 12-s run of one 256 MiB VM on a 512 MiB memory store and an SSD; its containers follow.
+const ONE_VM: &str = r#"name = "t"
+duration_s = 12
+sample_interval_s = 0.5
+[host]
+mem_capacity_mib = 512
+disk = { kind = "ssd" }
+[[vms]]
+name = "vm"
+memory_mib = 256
+"#;
+
 /// Two stores of the same kind, weights 1:2, ballooned from 256 MiB to 96 MiB over 4 s from 4 s.
 fn two_stores(store: &str, policy: &str, pool: bool) -> String {
     let cache = if pool { "" } else { "cache = { type = \"none\" }" };
     format!(
         r#"
-name = "t"
-duration_s = 12
-sample_interval_s = 0.5
-[host]
-mem_capacity_mib = 512
-disk = {{ kind = "ssd" }}
-[[vms]]
-name = "vm"
-memory_mib = 256
-[vms.memctl]
+{ONE_VM}[vms.memctl]
 policy = "{policy}"
 chunk_cap_mib = 1
 containers = {{ low = {{ weight = 1 }}, high = {{ weight = 2 }} }}
@@ -156,16 +159,7 @@ fn thesis4_scenarios_are_deterministic_and_pass_at_small_scale() {
 fn limited_store(limit: &str, lift: &str) -> String {
     format!(
         r#"
-name = "t"
-duration_s = 12
-sample_interval_s = 0.5
-[host]
-mem_capacity_mib = 512
-disk = {{ kind = "ssd" }}
-[[vms]]
-name = "vm"
-memory_mib = 256
-[[vms.containers]]
+{ONE_VM}[[vms.containers]]
 name = "db"
 cache = {{ type = "none" }}
 workload = {{ kind = "ycsb", store = "redis", workload = "a", record_count = 30000, record_kib = 2, nthreads = 2 }}
