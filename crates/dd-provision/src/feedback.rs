@@ -22,7 +22,10 @@
 //!    measured gradients, with the model choosing the direction);
 //! 4. changes the plan only when the programme's plan is predicted to meet more targets than the
 //!    anchor measured, or as many and an objective higher by more than `min_gain` (so two plans within
-//!    the noise never alternate); otherwise, when a container measures below its throughput target, it
+//!    the noise never alternate); the unbounded programme's plan replaces the bounded one when it is
+//!    predicted to meet more targets than both it and the anchor, was never measured and shrinks no
+//!    container's anonymous memory (a cliff that bounded steps cannot cross: a loop whose near side
+//!    gains nothing); otherwise, when a container measures below its throughput target, it
 //!    tries a step sized by the shortfall (`crate::shortfall`), else a small exploration step, else it
 //!    goes back to, or stays on, the anchor. Plans that measure
 //!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
@@ -574,6 +577,34 @@ impl Controller {
                 if is_current { Source::Kept } else { Source::BestMeasured },
                 false,
             ))
+        };
+        // Across a cliff: bounded steps cannot reach an allocation past a cliff whose near side measures
+        // no gain (a loop that fits or not), while the corrected model sees the far side. Its unbounded
+        // plan is taken when it is predicted to meet more targets than the bounded one and the anchor,
+        // was never measured, and takes memory only from containers without anonymous memory (what they
+        // give up goes to the second-chance cache and comes back from it, where a jump that shrinks
+        // anonymous memory costs swap-ins through the shared disk for tens of seconds). If it measures
+        // worse, it is a failed exploration like any other and the loop returns to the anchor.
+        let proposed = match (proposed, &anchor) {
+            (Some(p), Some((a, s)))
+                if score_of(&preds(&p)).0 < inputs.iter().filter(|c| c.target.is_some()).count() as u32 =>
+            {
+                let bounded = score_of(&preds(&p));
+                let u = solve(&inputs, None, lat, budget, cfg, Some(&fixed_steer), None)?;
+                let ua: Vec<Allocation> = u.containers.iter().map(|c| c.allocation).collect();
+                let cheap = (0..inputs.len()).all(|i| {
+                    ua[i].memory_pages >= a[i].memory_pages
+                        || inputs[i].anon_curve.is_none()
+                        || inputs[i].demand.anon_accesses_per_op == 0.0
+                });
+                let more = score_of(&preds(&u)).0;
+                if cheap && more > bounded.0 && more > s.0 && !self.was_tried(&names, &ua, tol) {
+                    Some(u)
+                } else {
+                    Some(p)
+                }
+            }
+            (p, _) => p,
         };
         let (plan, source, explore) = match (proposed, &anchor) {
             (Some(p), None) => (p, Source::Model, true),

@@ -54,6 +54,15 @@ pub struct ContainerReport {
     pub state: TargetState,
     /// Rounds in a row its measurement missed the target.
     pub missed_intervals: u32,
+    /// What the closed loop learnt of the model for it: measured over predicted throughput at the
+    /// allocations it ran (1: the model was right; 0.5: it measured half of what the model said).
+    /// Optional on the wire (1 when left out: a guest from before it was reported).
+    #[serde(default = "no_correction")]
+    pub correction: f64,
+}
+
+fn no_correction() -> f64 {
+    1.0
 }
 
 /// What a round decided (and, unless a dry run, applied).
@@ -120,6 +129,7 @@ impl RoundReport {
                 ("reads_per_s", c.reads_per_s),
                 ("predicted_latency_ms", c.predicted_latency_ms),
                 ("predicted_reads_per_s", c.predicted_reads_per_s),
+                ("correction", c.correction),
             ] {
                 if !(v.is_finite() && v >= 0.0) {
                     return Err(ReportError { field: f(n), reason: "must be finite and non-negative" });
@@ -170,6 +180,7 @@ mod tests {
             footprint_bytes: 8192,
             state: TargetState::Below,
             missed_intervals: 1,
+            correction: 0.5,
         }
     }
 
@@ -200,6 +211,9 @@ mod tests {
         r.containers[0].reads_per_s = -1.0;
         assert_eq!(r.validate().unwrap_err().field, "containers[0].reads_per_s");
         r.containers[0].reads_per_s = 1.0;
+        r.containers[0].correction = f64::INFINITY;
+        assert_eq!(r.validate().unwrap_err().field, "containers[0].correction");
+        r.containers[0].correction = 1.0;
         r.containers[0].target = Some(Target::Throughput { ops_s: 0.0 });
         assert_eq!(r.validate().unwrap_err().field, "containers[0].target");
         r.containers[0].target = None;

@@ -42,7 +42,8 @@ fn measured(ops_s: f64) -> Option<Measured> {
 }
 
 /// Runs the loop `rounds` decisions against `truth` (container index, its allocation -> real ops/s),
-/// returning every decision.
+/// returning every decision. Before its first plan the containers run with an even split of memory,
+/// which the loop is told is in force.
 fn drive(
     inputs: &[ContainerInput],
     b: &Budget,
@@ -50,18 +51,26 @@ fn drive(
     rounds: usize,
     truth: impl Fn(usize, &Allocation) -> f64,
 ) -> Vec<Decision> {
+    let even = Allocation { memory_pages: b.memory_pages / inputs.len() as u64, ..Default::default() };
+    drive_from(inputs, b, cfg, rounds, (vec![even; inputs.len()], true), truth)
+}
+
+/// [`drive`] from allocation `start.0` before the first plan; told to the loop (`in_force`) if `start.1`
+/// (a real guest's provisioner is not: it starts from whatever the mount and the pools had).
+fn drive_from(
+    inputs: &[ContainerInput],
+    b: &Budget,
+    cfg: &ProvisionConfig,
+    rounds: usize,
+    start: (Vec<Allocation>, bool),
+    truth: impl Fn(usize, &Allocation) -> f64,
+) -> Vec<Decision> {
     let mut c = Controller::new();
     let mut applied: Option<Vec<Allocation>> = None;
     let mut out = Vec::new();
     for _ in 0..rounds {
-        // Before any plan ran, each container ran with an even split.
-        let now = applied.clone().unwrap_or_else(|| {
-            vec![
-                Allocation { memory_pages: b.memory_pages / inputs.len() as u64, ..Default::default() };
-                inputs.len()
-            ]
-        });
-        if applied.is_none() {
+        let now = applied.clone().unwrap_or_else(|| start.0.clone());
+        if applied.is_none() && start.1 {
             let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
             c.in_force(&names, &now);
         }
@@ -269,4 +278,52 @@ fn regression_a_far_missed_target_crept_up_in_two_unit_steps() {
     let last = allocs(ds.last().unwrap());
     assert!(last[0] >= 1200, "the loop left the allocation that meets the target: {last:?}");
     assert!(last[1] >= 100, "b keeps its floor: {last:?}");
+}
+
+#[test]
+fn regression_a_cliff_the_corrected_model_saw_was_never_crossed_in_bounded_steps() {
+    // Seen on a real guest (`doubledecker guest provision` over the FUSE mount, 2026-11-28): a reader that
+    // pauses 2-10 ms between passes over a 2 MiB file beside two busy readers of a 1.5 MiB one, with
+    // 2.5 MiB of first level for both. Here: a's loop of 1 000 pages fits in memory or in the memory
+    // cache, and the model, which does not see its 20 us pause an operation, predicts the cache meets
+    // its target. So the first plan gives b's loop
+    // the memory and a the cache, where a measures below its target. Corrected, the model sees a meet
+    // it only with its whole loop in memory: 600 pages more than it has, more than bounded steps (8 of
+    // 48 units) move, and nothing in between gains (a cliff). The loop must jump to the corrected plan.
+    let mut a = ct("a", cliff(1000), None, Some(43_000.0));
+    a.demand.other_ns_per_op = 1_000.0;
+    let mut b = ct("b", cliff(1200), None, None);
+    b.demand.other_ns_per_op = 1_000.0;
+    b.demand.concurrency = 2.0;
+    let budget = Budget { memory_pages: 1600, mem_cache_pages: 1600, ssd_cache_pages: 0 };
+    let cfg = ProvisionConfig { steps: 48, ..ProvisionConfig::default() };
+    // Truth: a read costs 1 us from memory, 6 us from the cache, 4 ms from the disk, plus a's pause.
+    let truth = |i: usize, al: &Allocation| {
+        let (wss, conc, pause) = if i == 0 { (1000, 1.0, 20_000.0) } else { (1200, 2.0, 1_000.0) };
+        let read = if al.memory_pages >= wss {
+            1_000.0
+        } else if al.memory_pages + al.mem_cache_pages >= wss {
+            6_000.0
+        } else {
+            4e6
+        };
+        conc * 1e9 / (pause + read)
+    };
+    // Before the loop: first levels of 64 pages each, the cache shared evenly (the pools' weights).
+    let start = Allocation { memory_pages: 64, mem_cache_pages: 800, ssd_cache_pages: 0 };
+    let ds = drive_from(&[a, b], &budget, &cfg, 30, (vec![start; 2], false), truth);
+    let mem = |d: &Decision| allocs(d)[0];
+    // The model's first plan leaves a's loop out of memory, predicted to meet the target from the cache.
+    let first = ds.iter().find(|d| d.plan.is_some()).unwrap();
+    assert!(mem(first) < 1000, "the first plan gives a the cache: {:?}", allocs(first));
+    let crossed = ds.iter().position(|d| mem(d) >= 1000);
+    assert!(
+        crossed.is_some_and(|k| k <= 12),
+        "a's loop never got into memory soon: {:?}",
+        ds.iter().map(allocs).collect::<Vec<_>>()
+    );
+    let last = ds.last().unwrap();
+    assert!(mem(last) >= 1000, "the loop left the allocation that meets the target: {:?}", allocs(last));
+    let st = &last.containers[0];
+    assert!(st.correction < 0.5, "a's model corrected: {st:?}");
 }

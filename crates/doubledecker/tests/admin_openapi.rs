@@ -223,7 +223,7 @@ fn admin_api_matches_its_openapi_document() {
         "measured_hit_ratio": 0.75, "measured_latency_ms": 0.01, "reads_per_s": 1000.0,
         "predicted_hit_ratio": 0.95, "predicted_latency_ms": 0.005, "predicted_reads_per_s": 1000.0,
         "target": {"kind": "hit_ratio", "ratio": 0.9}, "target_met": true, "measured_target_met": false,
-        "footprint_bytes": 8388608, "state": "met", "missed_intervals": 0
+        "footprint_bytes": 8388608, "state": "met", "missed_intervals": 0, "correction": 0.25
     });
     let report = json!({
         "round": 3, "applied": true, "feasible": true, "infeasible": [], "missed": [], "source": "model",

@@ -290,6 +290,7 @@ impl GuestProvisioner {
                 footprint_bytes: c.footprint_pages * PAGE,
                 state: s.state,
                 missed_intervals: s.missed_intervals,
+                correction: round4(s.correction),
             })
             .collect();
         RoundReport {
