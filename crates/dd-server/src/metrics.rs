@@ -402,6 +402,11 @@ fn provisioner_metrics(reg: &mut Registry, reports: &[crate::provisioner::Stored
         ("dd_provisioner_measured_latency_ms", "Mean read latency measured since the last round, ms"),
         ("dd_provisioner_predicted_latency_ms", "Mean read latency the model predicts for the plan, ms"),
         ("dd_provisioner_reads_per_s", "Reads per second measured since the last round"),
+        ("dd_provisioner_predicted_reads_per_s", "Reads per second the model predicts for the plan"),
+        (
+            "dd_provisioner_correction",
+            "Measured over predicted throughput the closed loop learnt for a container (1: the model was right)",
+        ),
     ]
     .into_iter()
     .map(|(n, h)| (n, h, F::default()))
@@ -435,6 +440,8 @@ fn provisioner_metrics(reg: &mut Registry, reports: &[crate::provisioner::Stored
                 Some(c.measured_latency_ms),
                 Some(c.predicted_latency_ms),
                 Some(c.reads_per_s),
+                Some(c.predicted_reads_per_s),
+                Some(c.correction),
             ];
             for ((_, _, f), v) in per.iter().zip(values) {
                 if let Some(v) = v {

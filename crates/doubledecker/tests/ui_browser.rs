@@ -359,6 +359,7 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
     assert!(cs.len() == 2 && cs.iter().all(|c| c.0 == 2 && c.2 > 0), "VM 2's token showed {cs:?}\n{vm_dom}");
     assert!(!vm_dom.contains("data-vm=\"1\""), "VM 2's token shows VM 1:\n{vm_dom}");
     assert_eq!(decisions(&vm_dom, 2), ["db", "web"], "VM 2's token sees its provisioner:\n{vm_dom}");
+    assert!(vm_dom.contains("reads/s measured / predicted (correction)"), "{vm_dom}");
     let vm1_dom = dom(&b, &format!("{}/ui/#token={}", d.admin, v1.admin_token));
     assert!(
         !containers(&vm1_dom).is_empty() && !vm1_dom.contains("data-provisioner-vm"),
@@ -401,6 +402,9 @@ fn ui_shows_every_vms_containers_live_and_a_vm_token_sees_its_vm_only() {
         metrics.lines().find(|l| l.starts_with("dd_provisioner_budget_bytes{") && l.contains("\"db\""));
     assert!(budget.is_some_and(|l| !l.ends_with(" 0")), "{metrics}");
     assert!(metrics.contains("dd_provisioner_target_hit_ratio{"), "{metrics}");
+    // What the closed loop learnt of its model, per container (a real round: one per container).
+    let corrections = metrics.lines().filter(|l| l.starts_with("dd_provisioner_correction{")).count();
+    assert_eq!(corrections, 2, "{metrics}");
     // The history endpoint keeps its scopes: a VM's token sees its VM only, and not the host's view.
     let (status, h) = d.http("GET", "/v1/vm/history", Some(&v1.admin_token), None);
     let vms: Vec<u64> = h["vms"].as_array().unwrap().iter().map(|v| v["vm"].as_u64().unwrap()).collect();

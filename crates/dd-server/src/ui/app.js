@@ -276,7 +276,7 @@ function provisionerSection(stored) {
     .map(([k, l]) => k + ": " + l.join(", "));
   const verdict = r.feasible ? "every target feasible" : (said.join("; ") || "a target below, not yet reported");
   const head = el("tr", {}, ...["container", "target", "plan", "measured", "hit ratio of reads, measured / predicted",
-    "latency ms measured / predicted", "reads/s", "first level", "mem cache", "ssd cache", "spec", "memory limit"].map((h) => el("th", {}, h)));
+    "latency ms measured / predicted", "reads/s measured / predicted (correction)", "first level", "mem cache", "ssd cache", "spec", "memory limit"].map((h) => el("th", {}, h)));
   const rows = r.containers.map((c) => el("tr", { className: "decision", "data-vm": stored.vm, "data-container": c.name,
       "data-budget": c.budget_bytes, "data-target-met": String(c.target_met), "data-measured-met": String(c.measured_target_met) },
     el("td", {}, c.name + (c.pool == null ? "" : ` (pool ${c.pool})`)),
@@ -285,7 +285,8 @@ function provisionerSection(stored) {
     el("td", { className: "met-" + metText(c.measured_target_met) }, metText(c.measured_target_met)),
     el("td", {}, `${pct(c.measured_hit_ratio)} / ${pct(c.predicted_hit_ratio)}`),
     el("td", {}, `${c.measured_latency_ms} / ${c.predicted_latency_ms}`),
-    el("td", {}, `${c.reads_per_s}`),
+    // The correction: measured over predicted throughput the closed loop learnt (1: the model was right).
+    el("td", {}, `${c.reads_per_s} / ${c.predicted_reads_per_s} (x${c.correction ?? 1})`),
     el("td", {}, mib(c.budget_bytes)),
     el("td", {}, mib(c.mem_cache_bytes)),
     el("td", {}, mib(c.ssd_cache_bytes)),
