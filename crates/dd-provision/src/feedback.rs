@@ -585,24 +585,26 @@ impl Controller {
         // give up goes to the second-chance cache and comes back from it, where a jump that shrinks
         // anonymous memory costs swap-ins through the shared disk for tens of seconds). If it measures
         // worse, it is a failed exploration like any other and the loop returns to the anchor.
+        let with_targets = inputs.iter().filter(|c| c.target.is_some()).count() as u32;
         let proposed = match (proposed, &anchor) {
-            (Some(p), Some((a, s)))
-                if score_of(&preds(&p)).0 < inputs.iter().filter(|c| c.target.is_some()).count() as u32 =>
-            {
-                let bounded = score_of(&preds(&p));
-                let u = solve(&inputs, None, lat, budget, cfg, Some(&fixed_steer), None)?;
-                let ua: Vec<Allocation> = u.containers.iter().map(|c| c.allocation).collect();
-                let cheap = (0..inputs.len()).all(|i| {
-                    ua[i].memory_pages >= a[i].memory_pages
-                        || inputs[i].anon_curve.is_none()
-                        || inputs[i].demand.anon_accesses_per_op == 0.0
-                });
-                let more = score_of(&preds(&u)).0;
-                if cheap && more > bounded.0 && more > s.0 && !self.was_tried(&names, &ua, tol) {
-                    Some(u)
+            (Some(p), Some((a, s))) => {
+                let bounded = score_of(&preds(&p)).0;
+                let unbounded = if bounded < with_targets {
+                    Some(solve(&inputs, None, lat, budget, cfg, Some(&fixed_steer), None)?)
                 } else {
-                    Some(p)
-                }
+                    None
+                };
+                let across = unbounded.filter(|u| {
+                    let ua: Vec<Allocation> = u.containers.iter().map(|c| c.allocation).collect();
+                    let cheap = (0..inputs.len()).all(|i| {
+                        ua[i].memory_pages >= a[i].memory_pages
+                            || inputs[i].anon_curve.is_none()
+                            || inputs[i].demand.anon_accesses_per_op == 0.0
+                    });
+                    let more = score_of(&preds(u)).0;
+                    cheap && more > bounded && more > s.0 && !self.was_tried(&names, &ua, tol)
+                });
+                Some(across.unwrap_or(p))
             }
             (p, _) => p,
         };
