@@ -118,6 +118,7 @@ fn provision(a: ProvisionArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
+    let mut p = p.in_a_loop();
     while !stop.load(Ordering::Relaxed) {
         match p.round(false) {
             Ok(Some(r)) => {

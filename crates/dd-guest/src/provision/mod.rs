@@ -11,7 +11,11 @@
 //! round's measurement corrects the next round's predictions, a measured allocation is not given up for
 //! a worse prediction, and a target measured missed for `report_after` rounds is reported as missed (one
 //! nothing within the budget meets, as infeasible), never silently; a container whose curve the mount has
-//! not published yet holds every change (the loop is learning).
+//! not published yet holds every change (the loop is learning). Run as a loop, what runs before its
+//! first plan (the mount's first levels, the pools' shares of the entitlements by weight) is told to it
+//! as the allocation in force: its first measurement is recorded as that allocation's, which the loop
+//! can come back to, and its first plan moves in bounded steps from it as every later one does (a
+//! single round, `--once` or `--dry-run`, plans from the model alone).
 //!
 //! The model here: an operation is one page read through the mount, the first level is the memory the
 //! plan shares out (`memory_bytes`), the pool the cache; the cost of a read at each level is measured by
@@ -41,6 +45,7 @@ use dd_provision::{
     Allocation, Budget, ContainerInput, Controller, Curve, Decision, Demand, LatencyModel, Measured,
     Observed, Plan, Target, Unit,
 };
+use dd_types::Spec;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -55,6 +60,9 @@ pub struct GuestProvisioner {
     rounds: u64,
     /// The admin API the rounds are reported to (`[admin]`).
     admin: Option<dd_client::admin::AdminClient>,
+    /// Rounds follow one another ([`GuestProvisioner::in_a_loop`]): the loop is told what runs before
+    /// its first plan. A single round (`--once`, `--dry-run`) plans from the model instead.
+    in_a_loop: bool,
 }
 
 /// Bound on one report to the admin API (a daemon away must not hold up the rounds for long).
@@ -104,7 +112,16 @@ impl GuestProvisioner {
             ctl: Controller::new(),
             rounds: 0,
             admin: cfg_admin,
+            in_a_loop: false,
         })
+    }
+
+    /// Rounds will follow one another: before the first plan, and after a dry run, what runs (the
+    /// mount's first levels, the pools' shares by weight) is the allocation in force, whose measurement
+    /// the loop records and from which it plans in bounded steps.
+    pub fn in_a_loop(mut self) -> Self {
+        self.in_a_loop = true;
+        self
     }
 
     pub fn config(&self) -> &ProvisionFileConfig {
@@ -160,6 +177,8 @@ impl GuestProvisioner {
         };
         let mut inputs = Vec::new();
         let mut measured = Vec::new();
+        // Each container's pool weights now (memory store, SSD store), for the allocation in force.
+        let mut weights: Vec<(u32, u32)> = Vec::new();
         let mut loop_measured = Vec::new();
         let mut all = ReadTimesSnapshot::default();
         for c in &cts {
@@ -182,13 +201,17 @@ impl GuestProvisioner {
                 min_budget_bytes: 0,
                 memory_base_bytes: None,
             });
-            let pool_used = match (self.session.as_mut(), pools.get(&c.counters.name)) {
-                (Some(s), Some(&p)) => s
-                    .on_pool(p, |cl, id| cl.pool_stats(id))
-                    .map(|s| s.counters.mem.used as f64)
-                    .unwrap_or(0.0),
-                _ => 0.0,
+            let stats = match (self.session.as_mut(), pools.get(&c.counters.name)) {
+                (Some(s), Some(&p)) => s.on_pool(p, |cl, id| cl.pool_stats(id)).ok(),
+                _ => None,
             };
+            let pool_used = stats.as_ref().map_or(0.0, |s| s.counters.mem.used as f64);
+            weights.push(stats.map_or((0, 0), |s| match s.spec {
+                Spec::Mem { weight } => (weight, 0),
+                Spec::Ssd { weight } => (0, weight),
+                Spec::Hybrid { mem_weight, ssd_weight } => (mem_weight, ssd_weight),
+                Spec::None => (0, 0),
+            }));
             let ns_per_read = per(t.read_ns, t.read_pages);
             let rate = reads as f64 / secs;
             // Readers with a throughput target are a closed loop (its rate follows its latency; Little's
@@ -235,6 +258,24 @@ impl GuestProvisioner {
             measured.push(m);
         }
         let lat = latency_model(&all);
+        // What runs now, unless a plan of this loop does (its first round): the
+        // mount's first levels and the pools' shares of the entitlements by weight. The loop records the
+        // next measurement as this allocation's, and plans its first change in bounded steps from it.
+        let (mem_w, ssd_w) = weights.iter().fold((0u64, 0u64), |(m, s), w| (m + w.0 as u64, s + w.1 as u64));
+        let share = |total: u64, w: u32, all: u64| (total * w as u64).checked_div(all).unwrap_or(0);
+        let now_alloc: Vec<Allocation> = cts
+            .iter()
+            .zip(&weights)
+            .map(|(c, w)| Allocation {
+                memory_pages: c.counters.l1_budget_pages as u64,
+                mem_cache_pages: share(budget.mem_cache_pages, w.0, mem_w),
+                ssd_cache_pages: share(budget.ssd_cache_pages, w.1, ssd_w),
+            })
+            .collect();
+        if self.in_a_loop {
+            let names: Vec<String> = cts.iter().map(|c| c.counters.name.clone()).collect();
+            self.ctl.in_force(&names, &now_alloc);
+        }
         let decision = self.ctl.decide(&inputs, &loop_measured, &lat, &budget, &self.cfg.decision)?;
         for c in &cts {
             self.last.insert(c.counters.name.clone(), (c.clone(), now));
