@@ -45,7 +45,7 @@ use dd_provision::{
     Allocation, Budget, ContainerInput, Controller, Curve, Decision, Demand, LatencyModel, Measured,
     Observed, Plan, Target, Unit,
 };
-use dd_types::Spec;
+use dd_types::StoreKind;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -206,12 +206,9 @@ impl GuestProvisioner {
                 _ => None,
             };
             let pool_used = stats.as_ref().map_or(0.0, |s| s.counters.mem.used as f64);
-            weights.push(stats.map_or((0, 0), |s| match s.spec {
-                Spec::Mem { weight } => (weight, 0),
-                Spec::Ssd { weight } => (0, weight),
-                Spec::Hybrid { mem_weight, ssd_weight } => (mem_weight, ssd_weight),
-                Spec::None => (0, 0),
-            }));
+            weights.push(
+                stats.map_or((0, 0), |s| (s.spec.weight(StoreKind::Mem), s.spec.weight(StoreKind::Ssd))),
+            );
             let ns_per_read = per(t.read_ns, t.read_pages);
             let rate = reads as f64 / secs;
             // Readers with a throughput target are a closed loop (its rate follows its latency; Little's
@@ -258,21 +255,22 @@ impl GuestProvisioner {
             measured.push(m);
         }
         let lat = latency_model(&all);
-        // What runs now, unless a plan of this loop does (its first round): the
-        // mount's first levels and the pools' shares of the entitlements by weight. The loop records the
-        // next measurement as this allocation's, and plans its first change in bounded steps from it.
-        let (mem_w, ssd_w) = weights.iter().fold((0u64, 0u64), |(m, s), w| (m + w.0 as u64, s + w.1 as u64));
-        let share = |total: u64, w: u32, all: u64| (total * w as u64).checked_div(all).unwrap_or(0);
-        let now_alloc: Vec<Allocation> = cts
-            .iter()
-            .zip(&weights)
-            .map(|(c, w)| Allocation {
-                memory_pages: c.counters.l1_budget_pages as u64,
-                mem_cache_pages: share(budget.mem_cache_pages, w.0, mem_w),
-                ssd_cache_pages: share(budget.ssd_cache_pages, w.1, ssd_w),
-            })
-            .collect();
         if self.in_a_loop {
+            // What runs now, unless a plan of this loop does (its first round): the mount's first levels
+            // and the pools' shares of the entitlements by weight. The loop records the next measurement
+            // as this allocation's, and plans its first change in bounded steps from it.
+            let (mem_w, ssd_w) =
+                weights.iter().fold((0u64, 0u64), |(m, s), w| (m + w.0 as u64, s + w.1 as u64));
+            let share = |total: u64, w: u32, all: u64| (total * w as u64).checked_div(all).unwrap_or(0);
+            let now_alloc: Vec<Allocation> = cts
+                .iter()
+                .zip(&weights)
+                .map(|(c, w)| Allocation {
+                    memory_pages: c.counters.l1_budget_pages as u64,
+                    mem_cache_pages: share(budget.mem_cache_pages, w.0, mem_w),
+                    ssd_cache_pages: share(budget.ssd_cache_pages, w.1, ssd_w),
+                })
+                .collect();
             let names: Vec<String> = cts.iter().map(|c| c.counters.name.clone()).collect();
             self.ctl.in_force(&names, &now_alloc);
         }
