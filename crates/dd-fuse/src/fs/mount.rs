@@ -124,10 +124,40 @@ impl Mount {
 
     /// Serves requests until the filesystem is unmounted; returns the containers' counters.
     pub fn run(mut self) -> Result<Vec<ContainerStats>, FuseError> {
-        let served = self.session.run().map_err(FuseError::Session);
+        let served = session_end(self.session.run()).map_err(FuseError::Session);
         // Nothing is published or applied after the mount is gone.
         drop(self.publisher.take());
         served?;
         Ok(self.fe.stats())
+    }
+}
+
+/// How a session's end reads: `ENODEV` (the connection gone, fuser's `Ok`) and `ECONNABORTED` both mean
+/// the kernel tore the connection down, as it does when the last reference to an unmounted (or
+/// detached) mount goes. `ECONNABORTED` is what a server thread reads when it takes a request off the
+/// queue just as that teardown runs (fs/fuse/dev.c, `fuse_dev_do_read`), a race a busy mount stopped as
+/// its last files close loses about four times in five: not a failure of the mount.
+fn session_end(served: std::io::Result<()>) -> std::io::Result<()> {
+    match served {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            tracing::debug!("the connection was torn down while a request was being read: ended");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_end;
+
+    #[test]
+    fn a_connection_torn_down_mid_read_ends_the_session_and_other_errors_stay_errors() {
+        assert!(session_end(Ok(())).is_ok());
+        assert!(session_end(Err(std::io::Error::from_raw_os_error(libc::ECONNABORTED))).is_ok());
+        for errno in [libc::EIO, libc::EPERM, libc::EINVAL] {
+            let e = session_end(Err(std::io::Error::from_raw_os_error(errno))).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(errno));
+        }
     }
 }
