@@ -339,13 +339,31 @@ fn a_throughput_target_is_met_only_after_the_loop_corrects_the_model() {
         return;
     };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // The test needs a machine whose speed holds from the calibration to the end: a target met only in
+    // the first level. Where it stops holding (another load ends and the cache path speeds up past the
+    // target), the attempt says so and a fresh guest calibrates again.
+    for attempt in 1..=3 {
+        let root = CgroupRoot { root: root.root.clone(), v1: root.v1 };
+        if correction_attempt(root, attempt) {
+            return;
+        }
+    }
+    panic!(
+        "in three attempts, a's target was met with its loop out of its first level: no test of a correction"
+    );
+}
+
+/// One attempt of [`a_throughput_target_is_met_only_after_the_loop_corrects_the_model`]: false when the
+/// calibration stopped holding (a met its target, on average over six rounds or more, under plans that
+/// kept its loop out of its first level); otherwise its assertions hold or it panics.
+fn correction_attempt(root: CgroupRoot, attempt: u32) -> bool {
     // a loops over 2 MiB and pauses 2 ms after each pass: time outside the mount, which the model (what
     // the mount times) does not see, so it over-predicts what a gains from faster reads. b's two readers
     // loop over 1.5 MiB without a pause. 2.5 MiB of first level holds one loop or the other, not both; the
     // 8 MiB memory store holds both.
     let g = Guest::start(
         root,
-        "corr",
+        &format!("corr{attempt}"),
         &[("fa", 2 << 20), ("fb", 3 << 19)],
         [50, 50],
         "backing_read_latency_us = 500",
@@ -414,6 +432,17 @@ fn a_throughput_target_is_met_only_after_the_loop_corrects_the_model() {
             if budget < 2 * MIB {
                 let predicted = p["predicted_reads_per_s"].as_f64().unwrap();
                 wrong.push((budget, predicted, a["reads_per_s"].as_f64().unwrap()));
+                let mean = wrong.iter().map(|w| w.2).sum::<f64>() / wrong.len() as f64;
+                if wrong.len() >= 6 && mean >= target_a {
+                    eprintln!(
+                        "attempt {attempt}: a measured {mean:.0} on average out of its first level, above its \
+                         target {target_a}: the calibration no longer holds ({wrong:?})"
+                    );
+                    prov.term();
+                    drop((_ra, _rb));
+                    g.stop();
+                    return false;
+                }
             }
         }
         streak = if all_measured_met(&r) && a["budget_bytes"].as_u64().unwrap() >= 2 * MIB {
@@ -447,4 +476,5 @@ fn a_throughput_target_is_met_only_after_the_loop_corrects_the_model() {
 
     drop((_ra, _rb));
     g.stop();
+    true
 }
