@@ -7,6 +7,10 @@
 //! detaches such a dead one first (`umount2(MNT_DETACH)`, one log line): the old open descriptors keep
 //! failing, new opens reach the new mount.
 //!
+//! A session ends when the kernel tears the connection down (the mount unmounted, or detached and its
+//! last file closed): server threads then read `ENODEV`, or `ECONNABORTED` for one that was taking a
+//! request off the queue at that moment; both are a clean end ([`Mount::run`] returns the counters).
+//!
 //! Invariant: nothing is published or applied (`[sampling]`) after the mount is gone; either way
 //! `Unmounter::unmount` leaves nothing mounted.
 
