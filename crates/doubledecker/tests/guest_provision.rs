@@ -343,8 +343,7 @@ fn a_throughput_target_is_met_only_after_the_loop_corrects_the_model() {
     // the first level. Where it stops holding (another load ends and the cache path speeds up past the
     // target), the attempt says so and a fresh guest calibrates again.
     for attempt in 1..=3 {
-        let root = CgroupRoot { root: root.root.clone(), v1: root.v1 };
-        if correction_attempt(root, attempt) {
+        if correction_attempt(root.clone(), attempt) {
             return;
         }
     }

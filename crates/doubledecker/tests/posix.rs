@@ -519,13 +519,15 @@ fn regression_a_busy_mount_stopped_as_its_last_files_close_exits_cleanly() {
         let script = format!(
             "for i in $(seq {open}); do exec {{fd}}<\"$0/f$((i % {FILES}))\" || exit 1; done; echo open; exec sleep 600"
         );
-        let mut holder =
-            Command::new("bash").arg("-c").arg(script).arg(&mnt).stdout(Stdio::piped()).spawn().unwrap();
+        // Both processes are `Proc`s, killed and reaped on drop: a failed round leaves neither behind.
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c").arg(script).arg(&mnt).stdout(Stdio::piped());
+        let mut holder = Proc::spawn("holder", &mut cmd);
         let mut said = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().unwrap()), &mut said)
-            .unwrap();
+        let out = holder.child.as_mut().unwrap().stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut said).unwrap();
         assert_eq!(said, "open\n", "round {round}: the holder opened its files");
-        let mut mount = m.proc_.child.take().unwrap();
+        let mount = m.proc_.child.as_mut().unwrap();
         // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
         unsafe { libc::kill(mount.id() as libc::pid_t, libc::SIGTERM) };
         // Busy: detached rather than unmounted, and served until the holder's files close.
@@ -535,9 +537,8 @@ fn regression_a_busy_mount_stopped_as_its_last_files_close_exits_cleanly() {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(mount.try_wait().unwrap().is_none(), "round {round}: the mount exited while files were open");
-        holder.kill().unwrap();
-        holder.wait().unwrap();
-        let status = mount.wait().unwrap();
+        drop(holder);
+        let status = m.proc_.child.take().unwrap().wait().unwrap();
         assert!(
             status.success(),
             "round {round}: the mount exited {status} once its last file closed: {}",

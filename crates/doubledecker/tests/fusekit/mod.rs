@@ -16,6 +16,7 @@ pub fn dd_bin() -> PathBuf {
 }
 
 /// Where containers' cgroups can be made: a v1 memory hierarchy or a v2 one with the memory controller.
+#[derive(Clone)]
 pub struct CgroupRoot {
     pub root: PathBuf,
     pub v1: bool,
