@@ -27,7 +27,9 @@
 //!    container's anonymous memory (a cliff that bounded steps cannot cross: a loop whose near side
 //!    gains nothing); otherwise, when a container measures below its throughput target, it
 //!    tries a step sized by the shortfall (`crate::shortfall`), else a small exploration step, else it
-//!    goes back to, or stays on, the anchor. Plans that measure
+//!    goes back to, or stays on, the anchor (the exploration and the jump take memory only from
+//!    containers without anonymous memory: a guess that makes one swap costs tens of seconds of
+//!    swap-ins on the shared disk, everyone's reads queued behind them). Plans that measure
 //!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
 //!    loop rests on the anchor for `rest_intervals`.
 //!
@@ -596,11 +598,8 @@ impl Controller {
                 };
                 let across = unbounded.filter(|u| {
                     let ua: Vec<Allocation> = u.containers.iter().map(|c| c.allocation).collect();
-                    let cheap = (0..inputs.len()).all(|i| {
-                        ua[i].memory_pages >= a[i].memory_pages
-                            || inputs[i].anon_curve.is_none()
-                            || inputs[i].demand.anon_accesses_per_op == 0.0
-                    });
+                    let cheap = (0..inputs.len())
+                        .all(|i| ua[i].memory_pages >= a[i].memory_pages || !has_anon(&inputs[i]));
                     let more = score_of(&preds(u)).0;
                     cheap && more > bounded && more > s.0 && !self.was_tried(&names, &ua, tol)
                 });
@@ -650,6 +649,8 @@ impl Controller {
     /// Receivers come in order of need (a missed target first, then the least of its ceiling reached),
     /// donors the other way; a move is skipped when even the most the measurements allow (each
     /// container's ceiling, and at most what a larger allocation of it measured) cannot beat the anchor.
+    /// Memory is never taken from a container with anonymous memory: the bound assumes the donor loses
+    /// nothing, and one that swaps loses for tens of seconds (and slows everyone's disk reads).
     #[allow(clippy::too_many_arguments)]
     fn neighbour(
         &self,
@@ -690,7 +691,8 @@ impl Controller {
             for &to in &order {
                 for &from in order.iter().rev() {
                     let floor = if d == 0 { inputs[from].min_memory_pages } else { 0 };
-                    if from == to || anchor[from].get(d) < floor + step {
+                    if from == to || anchor[from].get(d) < floor + step || (d == 0 && has_anon(&inputs[from]))
+                    {
                         continue;
                     }
                     let mut cand = anchor.to_vec();
@@ -789,6 +791,13 @@ fn fill(alloc: &[Allocation], budget: &Budget) -> Vec<Allocation> {
         }
     }
     out
+}
+
+/// Whether a container keeps anonymous memory: taking memory from it on a guess costs swap-ins through
+/// the shared disk for tens of seconds (its own and, queued behind them, everyone's reads), where a
+/// container of file pages only gives them to the second-chance cache and gets them back from it.
+fn has_anon(c: &ContainerInput) -> bool {
+    c.anon_curve.is_some() && c.demand.anon_accesses_per_op > 0.0
 }
 
 fn anchor_score(anchor: &Option<(Vec<Allocation>, (u32, f64))>) -> Option<(u32, f64)> {
