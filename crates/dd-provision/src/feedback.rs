@@ -567,9 +567,16 @@ impl Controller {
                 return Ok((plan_at(&n)?, Source::Explore, true));
             }
             if !resting {
-                if let Some(n) =
-                    self.neighbour(&inputs, a, &anchor_score(&anchor), budget, cfg, tol, &ceilings, &hist)
-                {
+                if let Some(n) = self.neighbour(
+                    &inputs,
+                    a,
+                    &anchor_score(&anchor),
+                    budget,
+                    cfg,
+                    tol,
+                    (&ceilings, &hist),
+                    &corrected,
+                ) {
                     return Ok((plan_at(&fill(&n, budget))?, Source::Explore, true));
                 }
             }
@@ -660,8 +667,8 @@ impl Controller {
         budget: &Budget,
         cfg: &ProvisionConfig,
         tol: [f64; 3],
-        ceilings: &[f64],
-        hist: &[&History],
+        (ceilings, hist): (&[f64], &[&History]),
+        corrected: &dyn Fn(usize, &Allocation) -> Prediction,
     ) -> Option<Vec<Allocation>> {
         let n = inputs.len();
         let fb = cfg.feedback;
@@ -699,7 +706,14 @@ impl Controller {
                     let (f, t) = (cand[from].get(d), cand[to].get(d));
                     cand[from].set(d, f - step);
                     cand[to].set(d, t + step);
-                    if self.was_tried(&names, &cand, tol) {
+                    // What the donor gives is judged by its own corrected prediction, not the optimistic
+                    // bound: one with a target keeps it with the decision's headroom (a scanner taken below
+                    // its loop misses to the shared disk and slows every VM's reads).
+                    let keeps = || {
+                        let p = corrected(from, &cand[from]);
+                        inputs[from].target.is_none_or(|t| t.met_by(&p, cfg.headroom))
+                    };
+                    if self.was_tried(&names, &cand, tol) || !keeps() {
                         continue;
                     }
                     let (met, obj) = (0..n).fold((0u32, 0.0), |(m, o), i| {

@@ -209,8 +209,8 @@ fn regression_early_decisions_before_the_curves_had_data() {
 #[test]
 fn never_settles_below_a_measured_allocation() {
     // The even split, measured first, meets both targets; the model (wrong about `b`) proposes to move
-    // memory away from `b`. Whatever it explores, the loop ends on an allocation that measured at least
-    // as well as the even split.
+    // memory away from `b`. Whatever it explores, the loop settles on an allocation that measured at
+    // least as well as the even split.
     let a = ct("a", linear(1600), None, Some(2_000.0));
     let b = ct("b", linear(100), None, Some(2_000.0));
     let truth = |i: usize, al: &Allocation| {
@@ -221,7 +221,10 @@ fn never_settles_below_a_measured_allocation() {
     let ds = drive(&[a, b], &budget(1600), &cfg(), 25, truth);
     let even = truth(0, &Allocation { memory_pages: 800, ..Default::default() })
         + truth(1, &Allocation { memory_pages: 800, ..Default::default() });
-    let last = allocs(ds.last().unwrap());
+    // Where it settles: the allocation it held most over the last ten decisions (a model plan the loop
+    // has not measured may still be tried now and then, and left at the next decision if worse).
+    let tail: Vec<Vec<u64>> = ds[ds.len() - 10..].iter().map(allocs).collect();
+    let last = tail.iter().max_by_key(|a| tail.iter().filter(|b| b == a).count()).unwrap().clone();
     let got: f64 = last
         .iter()
         .enumerate()
@@ -356,4 +359,34 @@ fn regression_an_exploration_took_memory_from_a_container_holding_anonymous_page
     let shrunk: Vec<(usize, Vec<u64>)> =
         ds.iter().map(allocs).enumerate().filter(|(_, a)| a[0] < 1000).collect();
     assert!(shrunk.is_empty(), "the store was left less than its working set: {shrunk:?}");
+}
+
+#[test]
+fn regression_an_exploration_took_a_scanner_below_its_loop_against_its_own_prediction() {
+    // Seen on the generated mixes (seed 24 held out, started from its balanced static allocation): a
+    // scanner whose loop fits in its memory meets its target; a reader beside it misses its own. The
+    // exploration's optimistic bound assumed the scanner would keep what it measured with more, and
+    // moved two units from it, below its loop, where its own corrected prediction was a collapse: its
+    // misses went to the shared disk and every container on it fell 2-20x. A donor now gives only what
+    // its corrected prediction says leaves its target met with the decision's headroom.
+    let scan = ct("scan", cliff(1000), None, Some(15_000.0));
+    let reader = ct("reader", linear(1600), None, Some(10_000.0));
+    let truth = |i: usize, al: &Allocation| {
+        let m = al.memory_pages as f64;
+        // The scanner's loop fits or every read misses; the reader's misses fall linearly.
+        let miss = match i {
+            0 if m >= 1000.0 => 0.0,
+            0 => 1.0,
+            _ => 1.0 - (m / 1600.0).min(1.0),
+        };
+        1e9 / (50_000.0 + 1_000.0 + 4e6 * miss)
+    };
+    let start = vec![
+        Allocation { memory_pages: 1100, ..Default::default() },
+        Allocation { memory_pages: 500, ..Default::default() },
+    ];
+    let ds = drive_from(&[scan, reader], &budget(1600), &cfg(), 30, (start, true), truth);
+    let shrunk: Vec<(usize, Vec<u64>)> =
+        ds.iter().map(allocs).enumerate().filter(|(_, a)| a[0] < 1000).collect();
+    assert!(shrunk.is_empty(), "the scanner was left less than its loop: {shrunk:?}");
 }
