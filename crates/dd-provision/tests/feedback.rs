@@ -331,19 +331,14 @@ fn regression_a_cliff_the_corrected_model_saw_was_never_crossed_in_bounded_steps
     assert!(st.correction < 0.5, "a's model corrected: {st:?}");
 }
 
-#[test]
-fn regression_an_exploration_took_memory_from_a_container_holding_anonymous_pages() {
-    // Seen on the generated mixes (seed 26 held out, started from its balanced static allocation): a
-    // key-value store whose anonymous working set fits meets its target; a file reader beside it misses
-    // its own. The loop's exploration (two units moved on an optimistic bound: the donor assumed to keep
-    // what it measured with more) took memory from the store, which swapped: both collapsed for the
-    // rest of the window (swap-ins queue on the shared disk). Exploration takes memory only from
-    // containers without anonymous memory; a step the model predicts harmless still may.
-    let kv = ct("kv", all_misses(), Some(cliff(1000)), Some(15_000.0));
+/// 30 decisions of `first`, whose working set of 1 000 of the VM's 1 600 pages fits or misses entirely
+/// (a cliff), running with 1 100 pages and meeting its target, beside a reader that misses its own (its
+/// misses fall linearly with memory). Returns the decisions that left `first` less than its working set,
+/// with their allocations.
+fn shrunk_below_a_fitting_working_set(first: ContainerInput) -> Vec<(usize, Vec<u64>)> {
     let reader = ct("reader", linear(1600), None, Some(10_000.0));
     let truth = |i: usize, al: &Allocation| {
         let m = al.memory_pages as f64;
-        // The store's working set fits or it swaps; the reader's misses fall linearly.
         let miss = match i {
             0 if m >= 1000.0 => 0.0,
             0 => 1.0,
@@ -355,9 +350,20 @@ fn regression_an_exploration_took_memory_from_a_container_holding_anonymous_page
         Allocation { memory_pages: 1100, ..Default::default() },
         Allocation { memory_pages: 500, ..Default::default() },
     ];
-    let ds = drive_from(&[kv, reader], &budget(1600), &cfg(), 30, (start, true), truth);
-    let shrunk: Vec<(usize, Vec<u64>)> =
-        ds.iter().map(allocs).enumerate().filter(|(_, a)| a[0] < 1000).collect();
+    let ds = drive_from(&[first, reader], &budget(1600), &cfg(), 30, (start, true), truth);
+    ds.iter().map(allocs).enumerate().filter(|(_, a)| a[0] < 1000).collect()
+}
+
+#[test]
+fn regression_an_exploration_took_memory_from_a_container_holding_anonymous_pages() {
+    // Seen on the generated mixes (seed 26 held out, started from its balanced static allocation): a
+    // key-value store whose anonymous working set fits meets its target; a file reader beside it misses
+    // its own. The loop's exploration (two units moved on an optimistic bound: the donor assumed to keep
+    // what it measured with more) took memory from the store, which swapped: both collapsed for the
+    // rest of the window (swap-ins queue on the shared disk). Exploration takes memory only from
+    // containers without anonymous memory; a step the model predicts harmless still may.
+    let shrunk =
+        shrunk_below_a_fitting_working_set(ct("kv", all_misses(), Some(cliff(1000)), Some(15_000.0)));
     assert!(shrunk.is_empty(), "the store was left less than its working set: {shrunk:?}");
 }
 
@@ -369,24 +375,6 @@ fn regression_an_exploration_took_a_scanner_below_its_loop_against_its_own_predi
     // moved two units from it, below its loop, where its own corrected prediction was a collapse: its
     // misses went to the shared disk and every container on it fell 2-20x. A donor now gives only what
     // its corrected prediction says leaves its target met with the decision's headroom.
-    let scan = ct("scan", cliff(1000), None, Some(15_000.0));
-    let reader = ct("reader", linear(1600), None, Some(10_000.0));
-    let truth = |i: usize, al: &Allocation| {
-        let m = al.memory_pages as f64;
-        // The scanner's loop fits or every read misses; the reader's misses fall linearly.
-        let miss = match i {
-            0 if m >= 1000.0 => 0.0,
-            0 => 1.0,
-            _ => 1.0 - (m / 1600.0).min(1.0),
-        };
-        1e9 / (50_000.0 + 1_000.0 + 4e6 * miss)
-    };
-    let start = vec![
-        Allocation { memory_pages: 1100, ..Default::default() },
-        Allocation { memory_pages: 500, ..Default::default() },
-    ];
-    let ds = drive_from(&[scan, reader], &budget(1600), &cfg(), 30, (start, true), truth);
-    let shrunk: Vec<(usize, Vec<u64>)> =
-        ds.iter().map(allocs).enumerate().filter(|(_, a)| a[0] < 1000).collect();
+    let shrunk = shrunk_below_a_fitting_working_set(ct("scan", cliff(1000), None, Some(15_000.0)));
     assert!(shrunk.is_empty(), "the scanner was left less than its loop: {shrunk:?}");
 }
