@@ -574,7 +574,8 @@ impl Controller {
                     budget,
                     cfg,
                     tol,
-                    (&ceilings, &hist),
+                    &ceilings,
+                    &hist,
                     &corrected,
                 ) {
                     return Ok((plan_at(&fill(&n, budget))?, Source::Explore, true));
@@ -667,7 +668,8 @@ impl Controller {
         budget: &Budget,
         cfg: &ProvisionConfig,
         tol: [f64; 3],
-        (ceilings, hist): (&[f64], &[&History]),
+        ceilings: &[f64],
+        hist: &[&History],
         corrected: &dyn Fn(usize, &Allocation) -> Prediction,
     ) -> Option<Vec<Allocation>> {
         let n = inputs.len();
