@@ -7,9 +7,10 @@
 //! measured over predicted throughput at the allocations it ran). A decision ([`Controller::decide`]):
 //!
 //! 1. records the last interval's measurement under the allocation applied last, unless that interval
-//!    was the transient of a change (after a change, and after the run's start, until every container's
-//!    throughput moved by at most `min_gain` from one interval to the next, or for at most
-//!    `max_settle_intervals`): then the plan stays (`settling`) and nothing is recorded;
+//!    was the transient of a change (after a change, and after a start someone chose, until every
+//!    container's throughput moved by at most `min_gain` from one interval to the next, or for at most
+//!    `max_settle_intervals`; after a start no one chose, one interval): then the plan stays
+//!    (`settling`) and nothing is recorded;
 //! 2. predicts every allocation the programme considers through [`Controller`]'s adjustment: an
 //!    allocation measured before predicts what was measured; any other predicts the model's throughput
 //!    times the correction, never above what an allocation at least as large in every resource measured
@@ -242,15 +243,21 @@ impl Controller {
     /// What the containers run with now when no plan of this controller is in force (before its first
     /// decision, or after [`Controller::not_applied`]): the next measurement is recorded as this
     /// allocation's, so the allocation a run started with is one the loop can come back to.
-    pub fn in_force(&mut self, names: &[String], alloc: &[Allocation]) {
+    ///
+    /// `chosen`: whether someone chose it (memory limits set). A chosen allocation is measured as a change
+    /// of the loop's own is, after its transient (until every container's throughput stops moving, at
+    /// most `max_settle_intervals`): a container whose heap the start swapped out climbs back for
+    /// several intervals, and judged on its first it looks like an allocation that fails. What
+    /// containers took without limits is no one's choice: it is measured after one interval.
+    pub fn in_force(&mut self, names: &[String], alloc: &[Allocation], chosen: bool) {
         if self.applied.is_none() && names.len() == alloc.len() {
             self.applied = Some(Applied {
                 names: names.to_vec(),
                 alloc: alloc.to_vec(),
                 explore: false,
                 anchor_score: None,
-                // What ran before the first decision includes the start (cold caches).
-                settle: 1,
+                // (`decide` bounds it by `max_settle_intervals`.)
+                settle: if chosen { u32::MAX } else { 1 },
                 last_ops: Vec::new(),
             });
         }
@@ -500,7 +507,7 @@ impl Controller {
             );
             self.applied = Some(Applied {
                 alloc: c.clone(),
-                settle: ap.settle - 1,
+                settle: ap.settle.min(fb.max_settle_intervals.max(1)) - 1,
                 last_ops: measured.iter().map(|m| m.map(|m| m.ops_s)).collect(),
                 ..ap.clone()
             });

@@ -272,7 +272,8 @@ impl GuestProvisioner {
                 })
                 .collect();
             let names: Vec<String> = cts.iter().map(|c| c.counters.name.clone()).collect();
-            self.ctl.in_force(&names, &now_alloc);
+            // (The mount's first levels are its defaults, no one's choice: measured after one interval.)
+            self.ctl.in_force(&names, &now_alloc, false);
         }
         let decision = self.ctl.decide(&inputs, &loop_measured, &lat, &budget, &self.cfg.decision)?;
         for c in &cts {

@@ -10,8 +10,10 @@
 //! (`dd_provision::Controller`): each container's throughput, latency and hit ratio since the last
 //! decision are its measurement of the allocation in force, and the scenario's initial settings (its
 //! memory limits, or usage where it has none, and the pools' occupancy) are the first allocation
-//! measured. Invariants: a decision changes nothing of a container that is not running, nor anything
-//! at all while a running container has not run since the last decision (the loop is learning).
+//! measured: after its transient, like a change of the loop's, when some member has a limit (an
+//! allocation someone chose), after one interval when none has. Invariants: a decision changes nothing
+//! of a container that is not running, nor anything at all while a running container has not run since
+//! the last decision (the loop is learning).
 
 use super::{Sim, NS};
 use crate::error::LabError;
@@ -246,7 +248,9 @@ impl<B: SecondChance> Sim<B> {
             }
         }
         let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
-        st.ctl.in_force(&names, &in_force);
+        // Limits set on any member (the scenario's, a timeline's) are an allocation someone chose.
+        let chosen = members.iter().any(|&c| self.guests[v].cgs[self.cts[c].cg].hard < self.guests[v].limit);
+        st.ctl.in_force(&names, &in_force, chosen);
         let decision = st
             .ctl
             .decide(&inputs, &loop_measured, &lat, &budget, &st.cfg.decision)
