@@ -379,10 +379,10 @@ fn regression_an_exploration_took_a_scanner_below_its_loop_against_its_own_predi
     assert!(shrunk.is_empty(), "the scanner was left less than its loop: {shrunk:?}");
 }
 
-/// The loop from a start allocation told to it (`in_force`) as `chosen`, against a container `a` whose
-/// throughput climbs over the first intervals under it (`ramp`, then `steady`), whatever the loop does
-/// meanwhile; `b` reads files. Returns `a`'s memory at every decision and the last decision.
-fn from_a_recovering_start(chosen: bool) -> (Vec<u64>, Decision) {
+/// The loop from a start allocation told to it (`in_force`) as chosen, against a container `a` whose
+/// throughput climbs over the first intervals under it (`ramp`, then 19 000 ops/s), whatever the loop
+/// does meanwhile; `b` reads files. Returns `a`'s memory at every decision and the last decision.
+fn from_a_recovering_chosen_start() -> (Vec<u64>, Decision) {
     let a = ct("a", all_misses(), Some(cliff(800)), Some(15_000.0));
     let b = ct("b", linear(1000), None, None);
     let inputs = [a, b];
@@ -393,7 +393,7 @@ fn from_a_recovering_start(chosen: bool) -> (Vec<u64>, Decision) {
     ];
     let ramp = [1_500.0, 4_000.0, 9_000.0, 19_000.0];
     let mut c = Controller::new();
-    c.in_force(&names, &start, chosen);
+    c.in_force(&names, &start, true);
     let mut now = start;
     let (mut a_memory, mut last) = (Vec::new(), None);
     for round in 0..12 {
@@ -416,7 +416,7 @@ fn regression_a_chosen_start_allocation_was_left_on_its_recovery_transient() {
     // a heap out, and the container climbs back over several intervals. Judged on the first of them
     // (the start settled one interval), the allocation looked like one that fails and the loop moved
     // memory away from it, so the heap never came back. A chosen start settles as a change does.
-    let (a_memory, last) = from_a_recovering_start(true);
+    let (a_memory, last) = from_a_recovering_chosen_start();
     assert!(a_memory[..4].iter().all(|&m| m == 900), "a's memory during its recovery: {a_memory:?}");
     assert!(a_memory.iter().all(|&m| m >= 800), "a's memory: {a_memory:?}");
     assert_eq!(last.containers[0].state, TargetState::Met, "{last:#?}");

@@ -150,6 +150,9 @@ impl<B: SecondChance> Sim<B> {
         let sizes = Curve::even_sizes(max.max(1), CURVE_POINTS);
         let mut inputs = Vec::with_capacity(members.len());
         let mut in_force = Vec::with_capacity(members.len());
+        // Whether a member has a limit of its own (the scenario's, a timeline's): an allocation someone
+        // chose.
+        let mut chosen = false;
         let mut measured = Vec::with_capacity(members.len());
         let mut loop_measured = Vec::with_capacity(members.len());
         let mut shown = Vec::with_capacity(members.len());
@@ -218,9 +221,11 @@ impl<B: SecondChance> Sim<B> {
                     ns_per_op: d.lat_ns as f64 / n,
                 }),
             });
+            let limited = cg.hard < g.limit;
+            chosen |= limited;
             in_force.push(Allocation {
                 // Without a limit of its own (the VM's memory), what it holds is its share.
-                memory_pages: if cg.hard < g.limit { cg.hard } else { cg.usage },
+                memory_pages: if limited { cg.hard } else { cg.usage },
                 mem_cache_pages: pc.mem.used,
                 ssd_cache_pages: pc.ssd.used,
             });
@@ -248,8 +253,6 @@ impl<B: SecondChance> Sim<B> {
             }
         }
         let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
-        // Limits set on any member (the scenario's, a timeline's) are an allocation someone chose.
-        let chosen = members.iter().any(|&c| self.guests[v].cgs[self.cts[c].cg].hard < self.guests[v].limit);
         st.ctl.in_force(&names, &in_force, chosen);
         let decision = st
             .ctl
