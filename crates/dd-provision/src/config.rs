@@ -147,6 +147,9 @@ fn d_settle() -> u32 {
 fn d_seek() -> f64 {
     3.0
 }
+fn d_fill() -> u32 {
+    30
+}
 
 /// Settings of the closed loop (`[decision.feedback]`; plain data, documented defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -198,6 +201,12 @@ pub struct FeedbackConfig {
     /// Default 3.
     #[serde(default = "d_seek")]
     pub seek_max_factor: f64,
+    /// Most decisions in a row a container filling the memory limits gave it keeps that memory as a
+    /// floor, its measurements not recorded (what it holds in memory and cache grows, its throughput
+    /// does not fall and it still misses: pages still coming in from the disk, so what it measures is
+    /// not yet what its allocation gives). 0 turns the floor off. Default 30.
+    #[serde(default = "d_fill")]
+    pub max_fill_intervals: u32,
 }
 
 impl Default for FeedbackConfig {
@@ -216,6 +225,7 @@ impl Default for FeedbackConfig {
             max_age_intervals: d_max_age(),
             max_settle_intervals: d_settle(),
             seek_max_factor: d_seek(),
+            max_fill_intervals: d_fill(),
         }
     }
 }

@@ -21,6 +21,10 @@
 //!    objective; the current one while it is within the noise of the best) and lets it move each
 //!    container at most `max_step_units` of each resource from there (Cliffhanger's bounded climbing on
 //!    measured gradients, with the model choosing the direction);
+//!    A container still filling the memory limits gave it (what it holds grows, its throughput does not
+//!    fall, it still misses) measures the fill, not the allocation: its interval is not recorded and
+//!    no plan takes memory from it (for at most `max_fill_intervals` decisions in a row; a slow fill
+//!    from the disk looks like an allocation that fails, and taking its memory makes it one);
 //! 4. changes the plan only when the programme's plan is predicted to meet more targets than the
 //!    anchor measured, or as many and an objective higher by more than `min_gain` (so two plans within
 //!    the noise never alternate); the unbounded programme's plan replaces the bounded one when it is
@@ -159,6 +163,10 @@ struct History {
     log_correction: f64,
     missed_for: u32,
     last: Option<Measured>,
+    /// Pages it held (memory and cache) at the last decision.
+    last_held: Option<f64>,
+    /// Decisions in a row it was filling its allocation.
+    filling_for: u32,
 }
 
 impl History {
@@ -174,6 +182,11 @@ impl History {
     }
 }
 
+/// Growth of what a container holds (memory and cache) from one decision to the next above which it is
+/// still filling its allocation: above the jitter of a full container's page cache (writes, frees) and
+/// below what a fill from the disk adds in an interval (a few per cent of its allocation).
+const FILL_GROWTH: f64 = 0.01;
+
 /// One container's share of the plan applied last.
 #[derive(Debug, Clone)]
 struct Applied {
@@ -188,6 +201,8 @@ struct Applied {
     settle: u32,
     /// Each container's throughput in the last interval under it, while settling.
     last_ops: Vec<Option<f64>>,
+    /// Whether its memory was given by limits (a plan of the loop, a chosen start), not taken without.
+    limited: bool,
 }
 
 /// The closed-loop provisioner of one VM (see the module doc).
@@ -259,6 +274,7 @@ impl Controller {
                 // (`decide` bounds it by `max_settle_intervals`.)
                 settle: if chosen { u32::MAX } else { 1 },
                 last_ops: Vec::new(),
+                limited: chosen,
             });
         }
     }
@@ -290,16 +306,68 @@ impl Controller {
         // Every container keeps a unit of memory (and its own floor).
         let unit_pages = (budget.memory_pages / cfg.steps.max(1) as u64) * fb.min_memory_units as u64;
         let floors_fit = unit_pages * inputs.len() as u64 <= budget.memory_pages;
-        let inputs: Vec<ContainerInput> = inputs
+        // A container filling the memory limits gave it (what it holds in memory and cache grew by more
+        // than `FILL_GROWTH` since the last decision, its throughput did not fall and it still misses)
+        // measures the fill, not its allocation: its measurement is not recorded, and no plan takes
+        // memory from it, for at most `max_fill_intervals` decisions in a row. Memory a container took
+        // without a limit (a start no one chose) is no one's gift: it gets no such floor.
+        let held = |c: &ContainerInput| {
+            c.observed.map(|o| o.file_pages + o.anon_pages + o.mem_cache_pages + o.ssd_cache_pages)
+        };
+        let given: Vec<Option<u64>> = inputs
             .iter()
             .map(|c| {
-                let mut c = c.clone();
-                if floors_fit {
-                    c.min_memory_pages = c.min_memory_pages.max(unit_pages);
-                }
-                c
+                let ap = self.applied.as_ref().filter(|a| a.limited)?;
+                let j = ap.names.iter().position(|x| *x == c.name)?;
+                Some(ap.alloc[j].memory_pages)
             })
             .collect();
+        let filling: Vec<bool> = inputs
+            .iter()
+            .zip(measured)
+            .zip(&given)
+            .map(|((c, m), g)| {
+                let Some(h) = self.cts.get(&c.name) else { return false };
+                match (h.last, h.last_held, m, held(c), g) {
+                    (Some(p), Some(ph), Some(m), Some(now), Some(_)) => {
+                        m.ops_s >= p.ops_s * (1.0 - fb.min_gain)
+                            && m.hit_ratio < 1.0
+                            && now > ph * (1.0 + FILL_GROWTH) + 1.0
+                    }
+                    _ => false,
+                }
+            })
+            .collect();
+        // (The count stays at its bound while the fill goes on: a fill that outlasts it is then measured.)
+        let waited: Vec<bool> = inputs
+            .iter()
+            .zip(&filling)
+            .map(|(c, &f)| f && self.cts.get(&c.name).is_some_and(|h| h.filling_for < fb.max_fill_intervals))
+            .collect();
+        let floored = |fill: bool| -> Vec<ContainerInput> {
+            inputs
+                .iter()
+                .zip(&waited)
+                .zip(&given)
+                .map(|((c, &w), g)| {
+                    let mut c = c.clone();
+                    if floors_fit {
+                        c.min_memory_pages = c.min_memory_pages.max(unit_pages);
+                    }
+                    if let (true, true, Some(g)) = (fill, w, g) {
+                        c.min_memory_pages = c.min_memory_pages.max(*g);
+                    }
+                    c
+                })
+                .collect()
+        };
+        // The programme rounds each floor up to a whole unit: the fill floors only where those still fit.
+        let units = budget.memory_pages.min(cfg.steps as u64).max(1);
+        let mu = budget.memory_pages as f64 / units as f64;
+        let mut inputs = floored(true);
+        if inputs.iter().map(|c| (c.min_memory_pages as f64 / mu).ceil() as u64).sum::<u64>() > units {
+            inputs = floored(false);
+        }
         let models: Vec<Model<'_>> = inputs.iter().map(|c| Model::new(c, lat)).collect();
         let step = (budget.memory_pages as f64 / k).max(1.0);
         let model_at = |i: usize, a: &Allocation| {
@@ -336,12 +404,14 @@ impl Controller {
         for (i, c) in inputs.iter().enumerate() {
             let h = self.cts.entry(c.name.clone()).or_default();
             h.last = measured[i];
+            h.last_held = held(c);
+            h.filling_for = if filling[i] { h.filling_for.saturating_add(1) } else { 0 };
             let Some(m) = measured[i] else { continue };
             h.missed_for = match &c.target {
                 Some(t) if !m.meets(t) => h.missed_for + 1,
                 _ => 0,
             };
-            let Some(a) = last_alloc[i].filter(|_| !settling) else { continue };
+            let Some(a) = last_alloc[i].filter(|_| !settling && !waited[i]) else { continue };
             match h.points.iter_mut().find(|p| near(&p.alloc, &a, tol)) {
                 Some(p) => {
                     let s = fb.smoothing;
@@ -654,6 +724,7 @@ impl Controller {
             anchor_score: anchor.map(|a| a.1),
             settle: if changed { fb.max_settle_intervals } else { 0 },
             last_ops: Vec::new(),
+            limited: true,
         });
         Ok(Decision { plan: Some(plan), source, containers: statuses })
     }

@@ -421,3 +421,75 @@ fn regression_a_chosen_start_allocation_was_left_on_its_recovery_transient() {
     assert!(a_memory.iter().all(|&m| m >= 800), "a's memory: {a_memory:?}");
     assert_eq!(last.containers[0].state, TargetState::Met, "{last:#?}");
 }
+
+#[test]
+fn regression_a_filling_container_had_its_memory_taken_while_it_filled() {
+    // The mixes of issue 27 (seed 14 from its balanced start): a database given 80 MiB fills it from the
+    // disk at 1.7 MiB/s, 1-2 k ops/s until its working set is in, then 34 k. The loop read the fill as
+    // what the allocation gives and took its memory (80 -> 59 -> 40 -> 19 MiB): the fill never finished.
+    // While a container's memory grows at the limits it was given and its throughput does not fall, its
+    // measurement is not recorded and no plan takes that memory.
+    let (a_memory, last) = from_a_filling_chosen_start(&cfg());
+    assert!(a_memory.iter().all(|&m| m >= 900), "a's memory while and after it filled: {a_memory:?}");
+    assert_eq!(last.containers[0].state, TargetState::Met, "{last:#?}");
+}
+
+#[test]
+fn a_fill_floor_turned_off_lets_the_loop_take_a_filling_containers_memory() {
+    // The same system with `max_fill_intervals = 0`: the loop judges the fill as the allocation and
+    // moves memory away (what the regression test above guards against, shown to happen without it).
+    let mut off = cfg();
+    off.feedback.max_fill_intervals = 0;
+    let (a_memory, _) = from_a_filling_chosen_start(&off);
+    assert!(a_memory.iter().any(|&m| m < 900), "a's memory: {a_memory:?}");
+}
+
+/// The loop from a chosen start that gives `a` 900 pages and `b` 700, against an `a` that fills its
+/// memory from the disk at 60 pages an interval (throughput rising slowly with what it holds, file hit
+/// ratio below 1) and reaches 19 000 ops/s once 800 pages are in (its target is 15 000); `b` reads
+/// files. Returns `a`'s memory at every decision and the last decision.
+fn from_a_filling_chosen_start(cfg: &ProvisionConfig) -> (Vec<u64>, Decision) {
+    let inputs = [ct("a", linear(1000), None, Some(15_000.0)), ct("b", linear(1000), None, None)];
+    let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
+    let start = vec![
+        Allocation { memory_pages: 900, ..Default::default() },
+        Allocation { memory_pages: 700, ..Default::default() },
+    ];
+    let mut c = Controller::new();
+    c.in_force(&names, &start, true);
+    let mut now = start;
+    let mut held_a = 100.0_f64;
+    let (mut a_memory, mut last) = (Vec::new(), None);
+    for _ in 0..24 {
+        held_a = (held_a + 60.0).min(now[0].memory_pages as f64);
+        let filled = held_a >= 800.0;
+        let a_ops = if filled { 19_000.0 } else { 1_000.0 + held_a };
+        let b_pages = now[1].memory_pages as f64;
+        let b_ops = 1e9 / (50_000.0 + 4e6 * (1.0 - (b_pages / 1000.0).min(1.0)));
+        let obs = |file_pages: f64| Observed {
+            file_pages,
+            anon_pages: 0.0,
+            mem_cache_pages: 0.0,
+            ssd_cache_pages: 0.0,
+            ns_per_op: 0.0,
+        };
+        let mut ins = inputs.clone();
+        ins[0].observed = Some(Observed { ns_per_op: 1e9 / a_ops, ..obs(held_a) });
+        ins[1].observed = Some(Observed { ns_per_op: 1e9 / b_ops, ..obs(b_pages) });
+        let m = [
+            Some(Measured {
+                ops_s: a_ops,
+                latency_ms: 1e3 / a_ops,
+                hit_ratio: if filled { 1.0 } else { held_a / 1000.0 },
+            }),
+            measured(b_ops),
+        ];
+        let d = c.decide(&ins, &m, &lat(), &budget(1600), cfg).unwrap();
+        if let Some(p) = &d.plan {
+            now = p.containers.iter().map(|c| c.allocation).collect();
+        }
+        a_memory.push(now[0].memory_pages);
+        last = Some(d);
+    }
+    (a_memory, last.unwrap())
+}
