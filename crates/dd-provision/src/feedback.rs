@@ -10,7 +10,11 @@
 //!    was the transient of a change (after a change, and after a start someone chose, until every
 //!    container's throughput moved by at most `min_gain` from one interval to the next, or for at most
 //!    `max_settle_intervals`; after a start no one chose, one interval): then the plan stays
-//!    (`settling`) and nothing is recorded;
+//!    (`settling`) and nothing is recorded. Nor is the interval of a container still filling the memory
+//!    limits gave it (what it holds grows, its throughput does not fall, it still misses): it measured
+//!    the fill, not the allocation, and no plan takes that memory from it (for at most
+//!    `max_fill_intervals` decisions in a row; a slow fill from the disk looks like an allocation that
+//!    fails, and taking its memory makes it one);
 //! 2. predicts every allocation the programme considers through [`Controller`]'s adjustment: an
 //!    allocation measured before predicts what was measured; any other predicts the model's throughput
 //!    times the correction, never above what an allocation at least as large in every resource measured
@@ -21,10 +25,6 @@
 //!    objective; the current one while it is within the noise of the best) and lets it move each
 //!    container at most `max_step_units` of each resource from there (Cliffhanger's bounded climbing on
 //!    measured gradients, with the model choosing the direction);
-//!    A container still filling the memory limits gave it (what it holds grows, its throughput does not
-//!    fall, it still misses) measures the fill, not the allocation: its interval is not recorded and
-//!    no plan takes memory from it (for at most `max_fill_intervals` decisions in a row; a slow fill
-//!    from the disk looks like an allocation that fails, and taking its memory makes it one);
 //! 4. changes the plan only when the programme's plan is predicted to meet more targets than the
 //!    anchor measured, or as many and an objective higher by more than `min_gain` (so two plans within
 //!    the noise never alternate); the unbounded programme's plan replaces the bounded one when it is
@@ -52,7 +52,7 @@
 use crate::config::ProvisionConfig;
 use crate::error::ProvisionError;
 use crate::model::{ContainerInput, LatencyModel, Model, Prediction, Target};
-use crate::plan::{solve, Allocation, Budget, Plan, Steer};
+use crate::plan::{floor_units, grid, solve, Allocation, Budget, Plan, Steer};
 use crate::shortfall::{seek as seek_shortfall, Seek};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -322,52 +322,52 @@ impl Controller {
                 Some(ap.alloc[j].memory_pages)
             })
             .collect();
-        let filling: Vec<bool> = inputs
+        // Per container: whether it is filling, and whether the loop still waits for it (the count stays
+        // at its bound while the fill goes on: a fill that outlasts it is then measured).
+        let (filling, waited): (Vec<bool>, Vec<bool>) = inputs
             .iter()
             .zip(measured)
             .zip(&given)
             .map(|((c, m), g)| {
-                let Some(h) = self.cts.get(&c.name) else { return false };
-                match (h.last, h.last_held, m, held(c), g) {
+                let Some(h) = self.cts.get(&c.name) else { return (false, false) };
+                let filling = match (h.last, h.last_held, m, held(c), g) {
                     (Some(p), Some(ph), Some(m), Some(now), Some(_)) => {
                         m.ops_s >= p.ops_s * (1.0 - fb.min_gain)
                             && m.hit_ratio < 1.0
                             && now > ph * (1.0 + FILL_GROWTH) + 1.0
                     }
                     _ => false,
+                };
+                (filling, filling && h.filling_for < fb.max_fill_intervals)
+            })
+            .unzip();
+        let mut inputs: Vec<ContainerInput> = inputs
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if floors_fit {
+                    c.min_memory_pages = c.min_memory_pages.max(unit_pages);
                 }
+                c
             })
             .collect();
-        // (The count stays at its bound while the fill goes on: a fill that outlasts it is then measured.)
-        let waited: Vec<bool> = inputs
+        // The fill floors only where the programme, which rounds each floor up to a whole unit, can
+        // still keep them all.
+        let with_fill: Vec<u64> = inputs
             .iter()
-            .zip(&filling)
-            .map(|(c, &f)| f && self.cts.get(&c.name).is_some_and(|h| h.filling_for < fb.max_fill_intervals))
+            .zip(waited.iter().zip(&given))
+            .map(|(c, w)| match w {
+                (true, Some(g)) => c.min_memory_pages.max(*g),
+                _ => c.min_memory_pages,
+            })
             .collect();
-        let floored = |fill: bool| -> Vec<ContainerInput> {
-            inputs
-                .iter()
-                .zip(&waited)
-                .zip(&given)
-                .map(|((c, &w), g)| {
-                    let mut c = c.clone();
-                    if floors_fit {
-                        c.min_memory_pages = c.min_memory_pages.max(unit_pages);
-                    }
-                    if let (true, true, Some(g)) = (fill, w, g) {
-                        c.min_memory_pages = c.min_memory_pages.max(*g);
-                    }
-                    c
-                })
-                .collect()
-        };
-        // The programme rounds each floor up to a whole unit: the fill floors only where those still fit.
-        let units = budget.memory_pages.min(cfg.steps as u64).max(1);
-        let mu = budget.memory_pages as f64 / units as f64;
-        let mut inputs = floored(true);
-        if inputs.iter().map(|c| (c.min_memory_pages as f64 / mu).ceil() as u64).sum::<u64>() > units {
-            inputs = floored(false);
+        let memory_grid = grid(budget.memory_pages, cfg.steps);
+        if with_fill.iter().map(|&f| floor_units(f, memory_grid)).sum::<usize>() <= memory_grid.1 {
+            for (c, f) in inputs.iter_mut().zip(with_fill) {
+                c.min_memory_pages = f;
+            }
         }
+        let inputs = inputs;
         let models: Vec<Model<'_>> = inputs.iter().map(|c| Model::new(c, lat)).collect();
         let step = (budget.memory_pages as f64 / k).max(1.0);
         let model_at = |i: usize, a: &Allocation| {

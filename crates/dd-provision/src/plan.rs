@@ -298,6 +298,27 @@ pub fn provision(
     solve(containers, current, lat, budget, cfg, None, None)
 }
 
+/// The programme's grid of one resource: pages per unit and units, for a budget of `pages` in at most
+/// `steps` units (a unit is at least a page).
+pub(crate) fn grid(pages: u64, steps: u32) -> (f64, usize) {
+    let units = pages.min(steps as u64) as usize;
+    if units == 0 {
+        (0.0, 0)
+    } else {
+        (pages as f64 / units as f64, units)
+    }
+}
+
+/// A memory floor of `min_pages` in whole units of the grid `(pages per unit, units)`, rounded up as the
+/// programme keeps it.
+pub(crate) fn floor_units(min_pages: u64, (mu, km): (f64, usize)) -> usize {
+    if mu <= 0.0 {
+        0
+    } else {
+        ((min_pages as f64 / mu).ceil() as usize).min(km)
+    }
+}
+
 /// [`provision`], steered by the closed loop when `steer` is given; with `fixed`, the plan is that
 /// allocation (its predictions and pool weights) instead of the programme's.
 pub(crate) fn solve(
@@ -338,26 +359,16 @@ pub(crate) fn solve(
             kept_current: false,
         });
     }
-    let k = cfg.steps as u64;
-    let grid = |pages: u64| -> (f64, usize) {
-        let units = pages.min(k) as usize;
-        if units == 0 {
-            (0.0, 0)
-        } else {
-            (pages as f64 / units as f64, units)
-        }
-    };
-    let (mu, km) = grid(budget.memory_pages);
-    let (cu, kc) = grid(budget.mem_cache_pages);
-    let (su, ks) = grid(budget.ssd_cache_pages);
+    let (mu, km) = grid(budget.memory_pages, cfg.steps);
+    let (cu, kc) = grid(budget.mem_cache_pages, cfg.steps);
+    let (su, ks) = grid(budget.ssd_cache_pages, cfg.steps);
     if steer.and_then(|s| s.anchor).or(fixed).is_some_and(|a| a.len() != containers.len()) {
         return Err(ProvisionError::invalid("anchor", "one allocation per container"));
     }
     let (unit, units) = ([mu, cu, su], [km, kc, ks]);
     let range = (0..containers.len())
         .map(|i| {
-            let min = containers[i].min_memory_pages as f64;
-            let floor = if mu <= 0.0 { 0 } else { ((min / mu).ceil() as usize).min(km) };
+            let floor = floor_units(containers[i].min_memory_pages, (mu, km));
             let mut r = [(floor, km), (0, kc), (0, ks)];
             if let Some(s) = steer {
                 if let Some(a) = s.anchor {
