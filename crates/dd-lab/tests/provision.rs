@@ -129,6 +129,32 @@ fn the_provisioner_gives_each_container_the_memory_its_curves_call_for() {
     }
 }
 
+/// Issue 27's heaps lost before the first decision: kv's 24 MiB heap beside a webserver reading about
+/// 47 MiB of files in a 48 MiB VM, neither with a limit, the provisioner's first decision after the run
+/// ends. Before the provisioner spared anonymous memory, VM-wide reclaim swapped the heap out as the
+/// web's page cache grew (the heap's oldest pages are older than the cache's), and it came back one
+/// fault at a time through the disk long after the first decision.
+#[test]
+fn regression_a_heap_is_not_swapped_out_before_the_first_decision() {
+    let text = |extra: &str| {
+        provisioned(extra)
+            .replace("start_s = 2", "start_s = 30")
+            .replace("nfiles = 900", "nfiles = 3000")
+            .replace("duration_s = 16", "duration_s = 6")
+            .replace("from_s = 10", "from_s = 5")
+    };
+    let spared = run(&text(""));
+    let kv = totals(&spared, "default", "kv");
+    let web = totals(&spared, "default", "web");
+    assert!(spared.runs[0].decisions.is_empty(), "no decision in the run");
+    assert!(kv.swap_outs == 0, "kv's heap stays in memory: {kv:?}");
+    assert!(web.disk_reads > 0, "the web's page cache gave way instead: {web:?}");
+    let unspared = run(&text("spare_anon = false"));
+    let kv_off = totals(&unspared, "default", "kv");
+    assert!(kv_off.swap_outs > 500, "without it the heap is swapped out: {kv_off:?}");
+    assert!(kv.ops > kv_off.ops, "and kv runs slower: {} vs {}", kv.ops, kv_off.ops);
+}
+
 #[test]
 fn an_infeasible_target_is_reported_in_every_decision() {
     // kv cannot reach 40 000 ops/s (its operations take 51 us of CPU and memory): every decision says so.

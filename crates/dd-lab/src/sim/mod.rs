@@ -256,10 +256,12 @@ impl<B: SecondChance> Sim<B> {
                 let seed = sc.seed ^ (0xd1b5_4a32_d192_ed03u64.wrapping_mul((cts.len() + i) as u64 + 1));
                 streams.push(p.as_ref().map(|p| Box::new(Streams::new(p.max_samples(), seed))));
             }
+            let spare_anon = p.as_ref().is_some_and(|p| p.spare_anon());
             prov.push(p);
             backend.add_vm(vi as u32 + 1, vm.mem_weight, vm.ssd_weight)?;
             let mut g = Guest::new(mib_pages(vm.memory_mib), sc.guest.lru, sc.guest.reclaim_batch_pages);
             g.set_size_scale(sc.guest.size_scale);
+            g.spare_anon = spare_anon;
             let mut list = Vec::new();
             for c in &vm.containers {
                 let enabled = !variant.containers.get(&c.name).is_some_and(|o| o.disabled);

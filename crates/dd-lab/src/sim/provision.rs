@@ -11,7 +11,9 @@
 //! decision are its measurement of the allocation in force, and the scenario's initial settings (its
 //! memory limits, or usage where it has none, and the pools' occupancy) are the first allocation
 //! measured: after its transient, like a change of the loop's, when some member has a limit (an
-//! allocation someone chose), after one interval when none has. Invariants: a decision changes nothing
+//! allocation someone chose), after one interval when none has. From the start of the run, before any
+//! decision, a provisioned VM's guest spares anonymous memory in VM-wide reclaim while page cache is
+//! left (`VmProvision::spare_anon`, `crate::model::guest`'s module doc). Invariants: a decision changes nothing
 //! of a container that is not running, nor anything at all while a running container has not run since
 //! the last decision (the loop is learning).
 
@@ -79,6 +81,11 @@ impl VmProv {
 
     pub(super) fn max_samples(&self) -> usize {
         self.cfg.max_samples as usize
+    }
+
+    /// Whether the VM's reclaim spares anonymous memory (`VmProvision::spare_anon`).
+    pub(super) fn spare_anon(&self) -> bool {
+        self.cfg.spare_anon
     }
 }
 

@@ -21,6 +21,11 @@
 //!   memory reclaims VM-wide: first from the memcg with the largest usage over its soft limit, and once
 //!   every memcg is under its soft limit, from the memcg whose oldest inactive page is the oldest
 //!   (a global LRU at batch granularity);
+//! * with [`Guest::spare_anon`] (a provisioned VM's guest agent keeping each container's `memory.low`
+//!   at its anonymous usage), VM-wide reclaim takes file pages only while any memcg holds some: the
+//!   memcg whose oldest file page is the oldest, its file lists first whatever their balance with its
+//!   anonymous ones; anonymous pages go to swap VM-wide only once no page cache is left. Reclaim under a
+//!   memcg's own hard limit is unchanged;
 //! * `LruMode::Plain` keeps one exact LRU list per memcg (every access moves the page to the head).
 //!
 //! Invariants: each live page is on exactly one list of its memcg and in the map once; a memcg's usage
@@ -141,6 +146,8 @@ pub struct Guest {
     pub memctl: Option<memctl::GuestMemctl>,
     /// Pages per GiB of the full-scale experiment (see `GuestOptions::size_scale`).
     pages_per_gib: u64,
+    /// VM-wide reclaim spares anonymous memory while page cache remains (see the module doc).
+    pub spare_anon: bool,
 }
 
 impl Guest {
@@ -157,6 +164,7 @@ impl Guest {
             batch: reclaim_batch as u64,
             memctl: None,
             pages_per_gib: 256 * 1024,
+            spare_anon: false,
         }
     }
 
@@ -381,10 +389,12 @@ impl Guest {
             let c = &self.cgs[cg];
             let file = c.lists[FILE_INACTIVE].len + c.lists[FILE_ACTIVE].len;
             let anon = c.lists[ANON_INACTIVE].len + c.lists[ANON_ACTIVE].len;
-            if file + anon == 0 {
+            // Out of page cache mid-batch: the next victim may still have some.
+            if file + anon == 0 || (global && self.spare_anon && file == 0 && freed > 0) {
                 break;
             }
-            let base = if file > 0 && file * 8 >= anon { FILE_INACTIVE } else { ANON_INACTIVE };
+            let file_first = file * 8 >= anon || (global && self.spare_anon);
+            let base = if file > 0 && file_first { FILE_INACTIVE } else { ANON_INACTIVE };
             let (inactive, active) = (base, base + 1);
             if self.mode == LruMode::TwoList {
                 let c = &self.cgs[cg];
@@ -441,6 +451,11 @@ impl Guest {
         if let Some((_, i)) = best {
             return Some(i);
         }
+        if self.spare_anon {
+            if let Some(i) = self.oldest_in(0..self.cgs.len(), FILE_INACTIVE..=FILE_ACTIVE) {
+                return Some(i);
+            }
+        }
         self.oldest_memcg(0..self.cgs.len())
     }
 
@@ -451,9 +466,18 @@ impl Guest {
 
     /// Of `members`, the memcg whose oldest page is the oldest (a global LRU at batch granularity).
     pub fn oldest_memcg(&self, members: impl IntoIterator<Item = usize>) -> Option<usize> {
+        self.oldest_in(members, FILE_INACTIVE..=ANON_ACTIVE)
+    }
+
+    /// Of `members`, the memcg whose oldest page on `lists` is the oldest.
+    fn oldest_in(
+        &self,
+        members: impl IntoIterator<Item = usize>,
+        lists: std::ops::RangeInclusive<usize>,
+    ) -> Option<usize> {
         let mut oldest: Option<(u64, usize)> = None;
         for ci in members {
-            for l in self.cgs[ci].lists.iter() {
+            for l in self.cgs[ci].lists[lists.clone()].iter() {
                 if l.tail != NIL {
                     let s = self.slab[l.tail as usize].stamp;
                     if oldest.is_none_or(|(o, _)| s < o) {
@@ -724,6 +748,52 @@ mod tests {
         g.insert(c, key(3, 99), false, false, &mut |e| e2.push(e));
         assert_eq!(e2[0].key, key(3, 0));
         g.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn vm_wide_reclaim_spares_anonymous_memory_while_page_cache_remains() {
+        // A heap (the oldest pages) and a mixed memcg with 6 anonymous and 1 file page, then a page
+        // cache that fills the VM: with `spare_anon` every page VM-wide reclaim takes is a file page,
+        // the mixed memcg's too (its file lists are under an eighth of its anonymous ones), until none
+        // is left; then anonymous pages go, oldest first. Without it the heap's oldest page goes first.
+        for spare in [true, false] {
+            let mut g = g(20);
+            g.spare_anon = spare;
+            let (heap, mixed, cache) =
+                (g.add_memcg(100, u64::MAX), g.add_memcg(100, u64::MAX), g.add_memcg(100, u64::MAX));
+            let mut ev = Vec::new();
+            for i in 0..8 {
+                g.insert(heap, key(1, i), true, true, &mut |e| ev.push(e));
+            }
+            for i in 0..6 {
+                g.insert(mixed, key(2, i), true, true, &mut |e| ev.push(e));
+            }
+            g.insert(mixed, key(3, 0), false, false, &mut |e| ev.push(e));
+            for i in 0..5 {
+                g.insert(cache, key(4, i), false, false, &mut |e| ev.push(e));
+            }
+            assert!(ev.is_empty());
+            for i in 5..11 {
+                g.insert(cache, key(4, i), false, false, &mut |e| ev.push(e));
+            }
+            if spare {
+                assert!(ev.iter().all(|e| !e.anon), "only page cache while some is left: {ev:?}");
+                assert_eq!(ev[0].key, key(3, 0), "the oldest file page, the mixed memcg's");
+            } else {
+                assert!(ev[0].anon && ev[0].key == key(1, 0), "the heap's oldest page first: {ev:?}");
+            }
+            g.check_invariants().unwrap();
+        }
+        // Nothing but anonymous memory left: it is reclaimed after all.
+        let mut g = g(4);
+        g.spare_anon = true;
+        let a = g.add_memcg(100, u64::MAX);
+        let mut ev = Vec::new();
+        for i in 0..6 {
+            g.insert(a, key(1, i), true, true, &mut |e| ev.push(e));
+        }
+        assert!(!ev.is_empty() && ev.iter().all(|e| e.anon), "{ev:?}");
+        assert_eq!(g.cgs[a].usage, 4);
     }
 
     #[test]
