@@ -21,8 +21,8 @@
 //!   memory reclaims VM-wide: first from the memcg with the largest usage over its soft limit, and once
 //!   every memcg is under its soft limit, from the memcg whose oldest inactive page is the oldest
 //!   (a global LRU at batch granularity);
-//! * with [`Guest::spare_anon`] (a provisioned VM's guest agent keeping each container's `memory.low`
-//!   at its anonymous usage), VM-wide reclaim takes file pages only while any memcg holds some: the
+//! * with [`Guest::spare_anon`] (set for a provisioned VM: what a guest agent keeping each container's
+//!   `memory.low` at its anonymous usage would get from Linux), VM-wide reclaim takes file pages only while any memcg holds some: the
 //!   memcg whose oldest file page is the oldest, its file lists first whatever their balance with its
 //!   anonymous ones; anonymous pages go to swap VM-wide only once no page cache is left. Reclaim under a
 //!   memcg's own hard limit is unchanged;
@@ -389,11 +389,12 @@ impl Guest {
             let c = &self.cgs[cg];
             let file = c.lists[FILE_INACTIVE].len + c.lists[FILE_ACTIVE].len;
             let anon = c.lists[ANON_INACTIVE].len + c.lists[ANON_ACTIVE].len;
+            let spare = global && self.spare_anon;
             // Out of page cache mid-batch: the next victim may still have some.
-            if file + anon == 0 || (global && self.spare_anon && file == 0 && freed > 0) {
+            if file + anon == 0 || (spare && file == 0 && freed > 0) {
                 break;
             }
-            let file_first = file * 8 >= anon || (global && self.spare_anon);
+            let file_first = file * 8 >= anon || spare;
             let base = if file > 0 && file_first { FILE_INACTIVE } else { ANON_INACTIVE };
             let (inactive, active) = (base, base + 1);
             if self.mode == LruMode::TwoList {
@@ -754,8 +755,8 @@ mod tests {
     fn vm_wide_reclaim_spares_anonymous_memory_while_page_cache_remains() {
         // A heap (the oldest pages) and a mixed memcg with 6 anonymous and 1 file page, then a page
         // cache that fills the VM: with `spare_anon` every page VM-wide reclaim takes is a file page,
-        // the mixed memcg's too (its file lists are under an eighth of its anonymous ones), until none
-        // is left; then anonymous pages go, oldest first. Without it the heap's oldest page goes first.
+        // the mixed memcg's too (its file lists are under an eighth of its anonymous ones). Without it
+        // the heap's oldest page goes first. (Below: once no page cache is left, anonymous pages go.)
         for spare in [true, false] {
             let mut g = g(20);
             g.spare_anon = spare;
