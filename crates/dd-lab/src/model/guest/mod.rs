@@ -24,8 +24,11 @@
 //! * with [`Guest::spare_anon`] (set for a provisioned VM: what a guest agent keeping each container's
 //!   `memory.low` at its anonymous usage would get from Linux), VM-wide reclaim takes file pages only while any memcg holds some: the
 //!   memcg whose oldest file page is the oldest, its file lists first whatever their balance with its
-//!   anonymous ones; anonymous pages go to swap VM-wide only once no page cache is left. Reclaim under a
-//!   memcg's own hard limit is unchanged;
+//!   anonymous ones; anonymous pages go to swap VM-wide only once no page cache is left, and then from
+//!   the memcg holding the most (the one furthest above an even split of the VM, as `memory.low` at an
+//!   even split would protect the others on Linux: a heap that grows into a full VM swaps itself out,
+//!   not a smaller one that was there first). Reclaim under a memcg's own
+//!   hard limit is unchanged;
 //! * `LruMode::Plain` keeps one exact LRU list per memcg (every access moves the page to the head).
 //!
 //! Invariants: each live page is on exactly one list of its memcg and in the map once; a memcg's usage
@@ -456,6 +459,10 @@ impl Guest {
             if let Some(i) = self.oldest_in(0..self.cgs.len(), FILE_INACTIVE..=FILE_ACTIVE) {
                 return Some(i);
             }
+            // No page cache left: anonymous memory goes from the memcg holding the most (the one
+            // furthest above an even split of the VM), not from the oldest page's. A heap that grows
+            // into a full VM then swaps itself out, not a smaller heap that was there first.
+            return self.largest_memcg();
         }
         self.oldest_memcg(0..self.cgs.len())
     }
@@ -463,6 +470,17 @@ impl Guest {
     /// Pages per reclaim pass.
     pub fn batch(&self) -> u64 {
         self.batch
+    }
+
+    /// The memcg with the largest usage (the first of equals), if any holds a page.
+    fn largest_memcg(&self) -> Option<usize> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, c) in self.cgs.iter().enumerate() {
+            if c.usage > 0 && best.is_none_or(|(u, _)| c.usage > u) {
+                best = Some((c.usage, i));
+            }
+        }
+        best.map(|(_, i)| i)
     }
 
     /// Of `members`, the memcg whose oldest page is the oldest (a global LRU at batch granularity).
@@ -795,6 +813,32 @@ mod tests {
         }
         assert!(!ev.is_empty() && ev.iter().all(|e| e.anon), "{ev:?}");
         assert_eq!(g.cgs[a].usage, 4);
+    }
+
+    #[test]
+    fn with_no_page_cache_left_anonymous_memory_goes_from_the_largest_memcg() {
+        // A heap of 3 pages (the oldest), then one that grows to fill the VM and beyond: with
+        // `spare_anon` the grower, holding the most, gives its own pages and the first heap keeps all
+        // of its; without it the first heap's pages, the oldest, go.
+        for spare in [true, false] {
+            let mut g = g(8);
+            g.spare_anon = spare;
+            let (first, grower) = (g.add_memcg(100, u64::MAX), g.add_memcg(100, u64::MAX));
+            let mut ev = Vec::new();
+            for i in 0..3 {
+                g.insert(first, key(1, i), true, true, &mut |e| ev.push(e));
+            }
+            for i in 0..9 {
+                g.insert(grower, key(2, i), true, true, &mut |e| ev.push(e));
+            }
+            if spare {
+                assert!(ev.iter().all(|e| e.cg == grower), "the grower swaps itself out: {ev:?}");
+                assert_eq!(g.cgs[first].usage, 3);
+            } else {
+                assert_eq!(ev[0].key, key(1, 0), "the oldest page first: {ev:?}");
+            }
+            g.check_invariants().unwrap();
+        }
     }
 
     #[test]
