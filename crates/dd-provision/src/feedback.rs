@@ -32,7 +32,7 @@
 //!    container's anonymous memory (a cliff that bounded steps cannot cross: a loop whose near side
 //!    gains nothing); otherwise, when a container measures below its throughput target, it
 //!    tries a step sized by the shortfall (`crate::shortfall`), else a small exploration step, else it
-//!    goes back to, or stays on, the anchor (the exploration and the jump take memory only from
+//!    goes back to, or stays on, the anchor (the shortfall's step, the exploration and the jump take memory only from
 //!    containers without anonymous memory: a guess that makes one swap costs tens of seconds of
 //!    swap-ins on the shared disk, everyone's reads queued behind them). Plans that measure
 //!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
@@ -684,7 +684,7 @@ impl Controller {
                 let across = unbounded.filter(|u| {
                     let ua: Vec<Allocation> = u.containers.iter().map(|c| c.allocation).collect();
                     let cheap = (0..inputs.len())
-                        .all(|i| ua[i].memory_pages >= a[i].memory_pages || !has_anon(&inputs[i]));
+                        .all(|i| ua[i].memory_pages >= a[i].memory_pages || !inputs[i].has_anon());
                     let more = score_of(&preds(u)).0;
                     cheap && more > bounded && more > s.0 && !self.was_tried(&names, &ua, tol)
                 });
@@ -778,7 +778,7 @@ impl Controller {
             for &to in &order {
                 for &from in order.iter().rev() {
                     let floor = if d == 0 { inputs[from].min_memory_pages } else { 0 };
-                    if from == to || anchor[from].get(d) < floor + step || (d == 0 && has_anon(&inputs[from]))
+                    if from == to || anchor[from].get(d) < floor + step || (d == 0 && inputs[from].has_anon())
                     {
                         continue;
                     }
@@ -885,13 +885,6 @@ fn fill(alloc: &[Allocation], budget: &Budget) -> Vec<Allocation> {
         }
     }
     out
-}
-
-/// Whether a container keeps anonymous memory: taking memory from it on a guess costs swap-ins through
-/// the shared disk for tens of seconds (its own and, queued behind them, everyone's reads), where a
-/// container of file pages only gives them to the second-chance cache and gets them back from it.
-fn has_anon(c: &ContainerInput) -> bool {
-    c.anon_curve.is_some() && c.demand.anon_accesses_per_op > 0.0
 }
 
 fn anchor_score(anchor: &Option<(Vec<Allocation>, (u32, f64))>) -> Option<(u32, f64)> {

@@ -156,6 +156,13 @@ pub struct Prediction {
 }
 
 impl ContainerInput {
+    /// Whether it keeps anonymous memory: taking memory from it on a guess costs swap-ins through the
+    /// shared disk for tens of seconds (its own and, queued behind them, everyone's reads), where a
+    /// container of file pages only gives them to the second-chance cache and gets them back from it.
+    pub(crate) fn has_anon(&self) -> bool {
+        self.anon_curve.is_some() && self.demand.anon_accesses_per_op > 0.0
+    }
+
     pub(crate) fn validate(&self, field: &str) -> Result<(), ProvisionError> {
         let curves = std::iter::once(&self.file_curve).chain(self.anon_curve.as_ref());
         if curves.into_iter().any(|c| c.unit() != Unit::Pages) {

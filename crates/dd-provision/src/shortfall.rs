@@ -11,7 +11,8 @@
 //! same reason.
 //!
 //! Invariants: a donor gives only what its corrected prediction says leaves it at or above its own
-//! target with the decision's headroom (a container without a target only above its floor); a receiver
+//! target with the decision's headroom (a container without a target only above its floor), and no
+//! memory at all if it holds anonymous memory (as [`crate::feedback`]'s exploration); a receiver
 //! gets nothing an allocation at least as large already measured below its target; nothing is
 //! proposed that was measured already (the caller's `tried`); the step is whole units of the plan's
 //! grid; deterministic (ties in input order).
@@ -76,6 +77,13 @@ pub(crate) fn seek(s: &Seek<'_>) -> Option<Vec<Allocation>> {
             for &j in donors.iter().filter(|&&j| j != r && slack(j) >= 1.0 + s.headroom) {
                 if moved >= want_units {
                     break;
+                }
+                // Memory never comes from a heap: the donor's prediction rests on its anonymous curve,
+                // and one built while the heap was still being touched puts it below its real size; a
+                // heap shrunk on that word swaps, and its swap-ins queue everyone's reads on the shared
+                // disk for tens of seconds.
+                if d == 0 && s.inputs[j].has_anon() {
+                    continue;
                 }
                 let floor = if d == 0 { s.inputs[j].min_memory_pages } else { 0 };
                 let spare_units = cand[j].get(d).saturating_sub(floor) / unit;

@@ -368,6 +368,19 @@ fn regression_an_exploration_took_memory_from_a_container_holding_anonymous_page
 }
 
 #[test]
+fn regression_a_shortfall_step_took_memory_from_a_heap_its_curve_underestimated() {
+    // The step towards a missed target (`shortfall`) took memory from any donor its corrected
+    // prediction said could spare it, a key-value store too, whose anonymous curve, built while its
+    // heap was still being touched, can put the heap below its real size: the store swaps, and its
+    // swap-ins, queued on the shared disk, slow every container's reads. Here the curve says 600 pages,
+    // the heap is 1 000, the reader beside it misses its target: the step took the store to 600 pages
+    // (then 700, 800, 900, each measured worse and undone). Exploration already took no memory from a
+    // heap; the shortfall's step now takes none either.
+    let shrunk = shrunk_below_a_fitting_working_set(ct("kv", all_misses(), Some(cliff(600)), Some(15_000.0)));
+    assert!(shrunk.is_empty(), "the store was left less than its working set: {shrunk:?}");
+}
+
+#[test]
 fn regression_an_exploration_took_a_scanner_below_its_loop_against_its_own_prediction() {
     // Seen on the generated mixes (seed 24 held out, started from its balanced static allocation): a
     // scanner whose loop fits in its memory meets its target; a reader beside it misses its own. The
