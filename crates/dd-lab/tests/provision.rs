@@ -156,8 +156,8 @@ fn regression_a_heap_is_not_swapped_out_before_the_first_decision() {
 }
 
 /// Issue 27's seed 11 of the first mix set: a Redis heap growing into a full VM before the first decision
-/// swapped out most of a key-value store's heap that was there first (the store's pages, touched by one
-/// thread, were older than Redis' new ones), and the store missed its target for the whole window. Here
+/// swapped out most of a key-value store's heap that was there first (a global LRU took the store's
+/// pages, older than Redis' new ones), and the store missed its target for the whole window. Here
 /// kv's 24 MiB heap and Redis' 40 MiB of records in a 48 MiB VM, no page cache to drop: Redis, holding
 /// the most, swaps its own pages out.
 #[test]

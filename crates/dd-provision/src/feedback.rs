@@ -32,9 +32,9 @@
 //!    container's anonymous memory (a cliff that bounded steps cannot cross: a loop whose near side
 //!    gains nothing); otherwise, when a container measures below its throughput target, it
 //!    tries a step sized by the shortfall (`crate::shortfall`), else a small exploration step, else it
-//!    goes back to, or stays on, the anchor (the shortfall's step, the exploration and the jump take memory only from
-//!    containers without anonymous memory: a guess that makes one swap costs tens of seconds of
-//!    swap-ins on the shared disk, everyone's reads queued behind them). Plans that measure
+//!    goes back to, or stays on, the anchor (the shortfall's step, the exploration and the jump take
+//!    memory only from containers without anonymous memory: a guess that makes one swap costs tens of
+//!    seconds of swap-ins on the shared disk, everyone's reads queued behind them). Plans that measure
 //!    worse than the anchor count as failed explorations; after `max_failed_explorations` in a row the
 //!    loop rests on the anchor for `rest_intervals`.
 //!

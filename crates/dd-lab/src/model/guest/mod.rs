@@ -22,13 +22,13 @@
 //!   every memcg is under its soft limit, from the memcg whose oldest inactive page is the oldest
 //!   (a global LRU at batch granularity);
 //! * with [`Guest::spare_anon`] (set for a provisioned VM: what a guest agent keeping each container's
-//!   `memory.low` at its anonymous usage would get from Linux), VM-wide reclaim takes file pages only while any memcg holds some: the
-//!   memcg whose oldest file page is the oldest, its file lists first whatever their balance with its
-//!   anonymous ones; anonymous pages go to swap VM-wide only once no page cache is left, and then from
-//!   the memcg holding the most (the one furthest above an even split of the VM, as `memory.low` at an
-//!   even split would protect the others on Linux: a heap that grows into a full VM swaps itself out,
-//!   not a smaller one that was there first). Reclaim under a memcg's own
-//!   hard limit is unchanged;
+//!   `memory.low` at its anonymous usage would get from Linux), VM-wide reclaim takes file pages only
+//!   while any memcg holds some: the memcg whose oldest file page is the oldest, its file lists first
+//!   whatever their balance with its anonymous ones; anonymous pages go to swap VM-wide only once no
+//!   page cache is left, and then from the memcg holding the most (the one furthest above an even split
+//!   of the VM, as `memory.low` at an even split would protect the others on Linux: a heap that grows
+//!   into a full VM swaps itself out, not a smaller one that was there first). Reclaim under a memcg's
+//!   own hard limit is unchanged;
 //! * `LruMode::Plain` keeps one exact LRU list per memcg (every access moves the page to the head).
 //!
 //! Invariants: each live page is on exactly one list of its memcg and in the map once; a memcg's usage
