@@ -72,9 +72,9 @@ pub struct VmProvision {
     /// `memory.low` at its anonymous usage would get; the real guest's agent sets none): page cache
     /// dropped goes to the second-chance cache and comes back from it in microseconds, a heap swapped
     /// out comes back through the shared disk, one fault at a time, and before the first decision no
-    /// limit protects it. With no page cache left, anonymous memory goes
-    /// from the memcg holding the most (a heap growing into a full VM swaps itself out, not a smaller
-    /// one there first). Reclaim under a container's own limit is unchanged. Default true.
+    /// limit protects it. With no page cache left, anonymous memory goes from the memcg holding the most
+    /// (a heap growing into a full VM swaps itself out, not a smaller one there first). Reclaim under a
+    /// container's own limit is unchanged. Default true.
     #[serde(default = "d_true")]
     pub spare_anon: bool,
     /// The decision's own settings (grid steps, headroom, objective, rounds, hysteresis).

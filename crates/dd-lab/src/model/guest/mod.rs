@@ -446,13 +446,7 @@ impl Guest {
 
     /// The memcg VM-wide reclaim takes from next: largest usage over soft limit, else oldest page.
     pub fn global_victim(&self) -> Option<usize> {
-        let mut best: Option<(u64, usize)> = None;
-        for (i, c) in self.cgs.iter().enumerate() {
-            if c.usage > c.soft && best.is_none_or(|(e, _)| c.usage - c.soft > e) {
-                best = Some((c.usage - c.soft, i));
-            }
-        }
-        if let Some((_, i)) = best {
+        if let Some(i) = self.furthest_above(|c| c.soft) {
             return Some(i);
         }
         if self.spare_anon {
@@ -462,7 +456,7 @@ impl Guest {
             // No page cache left: anonymous memory goes from the memcg holding the most (the one
             // furthest above an even split of the VM), not from the oldest page's. A heap that grows
             // into a full VM then swaps itself out, not a smaller heap that was there first.
-            return self.largest_memcg();
+            return self.furthest_above(|_| 0);
         }
         self.oldest_memcg(0..self.cgs.len())
     }
@@ -472,12 +466,13 @@ impl Guest {
         self.batch
     }
 
-    /// The memcg with the largest usage (the first of equals), if any holds a page.
-    fn largest_memcg(&self) -> Option<usize> {
+    /// Of the memcgs whose usage is above `floor`, the one furthest above it (the first of equals).
+    fn furthest_above(&self, floor: impl Fn(&Memcg) -> u64) -> Option<usize> {
         let mut best: Option<(u64, usize)> = None;
         for (i, c) in self.cgs.iter().enumerate() {
-            if c.usage > 0 && best.is_none_or(|(u, _)| c.usage > u) {
-                best = Some((c.usage, i));
+            let f = floor(c);
+            if c.usage > f && best.is_none_or(|(e, _)| c.usage - f > e) {
+                best = Some((c.usage - f, i));
             }
         }
         best.map(|(_, i)| i)
