@@ -35,5 +35,7 @@ pub use config::{FeedbackConfig, Objective, ProvisionConfig};
 pub use dd_mrc::{Curve, Unit};
 pub use error::ProvisionError;
 pub use feedback::{ContainerStatus, Controller, Decision, Measured, Source, TargetState};
-pub use model::{ContainerInput, Demand, LatencyModel, Observed, Prediction, Target};
+pub use model::{
+    price_swap_ins_at_shared_disk, ContainerInput, Demand, LatencyModel, Observed, Prediction, Target,
+};
 pub use plan::{provision, Allocation, Budget, ContainerPlan, Plan};

@@ -10,8 +10,9 @@
 //! the SSD cache, when the VM has one, by a one-dimensional programme with the other two fixed, and the
 //! two alternate for `rounds` rounds or until nothing changes. Memory the plan leaves unused (no
 //! container gains from it) is shared evenly so the limits add up to the VM's memory; cache shares are
-//! weights, and a container planned no cache keeps a minimal weight so that it can still use space the
-//! others leave free (the cache is resource conserving).
+//! weights, and a container planned no memory cache keeps one unit's weight so that it can still use
+//! space the others leave free (the cache is resource conserving) and, its allocation being read from
+//! what its pool holds, can show what a share would give it.
 //!
 //! Hysteresis: when every container carries its current allocation and that allocation scores as
 //! well on targets and within `hysteresis` of the best objective, it is kept, so that measurement noise
@@ -122,6 +123,9 @@ impl Score {
             || ((self.met, self.comfy) == (o.met, o.comfy) && self.obj > o.obj)
     }
 }
+
+/// The least memory-cache weight of a pool: one unit of the plan's grid (weights count 16 per unit).
+const MIN_POOL_WEIGHT: u32 = 16;
 
 /// How the closed loop ([`crate::feedback`]) steers the programme: every prediction passes through
 /// `adjust` (container index, its memory, memory-cache and SSD-cache pages, the model's prediction),
@@ -460,13 +464,14 @@ pub(crate) fn solve(
             kept = true;
         }
     }
-    // Weights: cache pages in units (16 per unit, so the minimal weight 1 of a container planned no
-    // cache is a sixteenth of a unit).
+    // Weights: cache pages in units, 16 per unit. A pool planned no memory cache keeps one unit, as
+    // every container keeps a unit of memory: a pool's allocation is read from what it holds, so "no
+    // cache" is often "not measured yet", and a pool with less loses first every page it is given.
     let weight = |pages: u64, unit: f64| -> u32 {
         if unit <= 0.0 {
             0
         } else {
-            ((pages as f64 / unit * 16.0).round() as u32).max(1)
+            ((pages as f64 / unit * 16.0).round() as u32).max(MIN_POOL_WEIGHT)
         }
     };
     let mut plans = Vec::with_capacity(n);

@@ -247,3 +247,61 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn regression_pool_planned_no_cache_keeps_one_unit() {
+    // Issue 27, seed 2: the plan gave a container it planned no cache pool weight 1 (a sixteenth of a
+    // unit), so a VM whose containers were planned nothing entered the memory store at that weight and
+    // halved the other VM's share, while the pool, reading its allocation from what it held, lost first
+    // every page it was given. A pool planned no cache keeps one unit, as every container keeps a unit of
+    // memory.
+    let heap = anon_ct("heap", cliff(1000), Some(Target::Throughput { ops_s: 5_000.0 }));
+    let web = file_ct("web", linear(2000), Some(Target::Throughput { ops_s: 1_000.0 }));
+    let p =
+        provision(&[heap, web], None, &lat(), &budget(1500, 1000, 0), &ProvisionConfig::default()).unwrap();
+    let (h, w) = (&p.containers[0], &p.containers[1]);
+    assert_eq!(h.allocation.mem_cache_pages, 0, "the cache is no use to a heap: {h:#?}");
+    assert_eq!(h.spec(), Spec::Mem { weight: 16 }, "one unit, not a sixteenth of one: {h:#?}");
+    assert!(matches!(w.spec(), Spec::Mem { weight } if weight > 16), "{w:#?}");
+}
+
+#[test]
+fn regression_swap_in_priced_at_the_loaded_disk() {
+    // Issue 27, seed 7: a heap meeting its target had not faulted lately, so its swap-ins were priced
+    // at the idle disk's time while its neighbour's reads measured the queue at the same disk. The plan
+    // shrank the heap for the neighbour (predicted 4,696 ops/s, measured 1,786 against 2,970). Priced
+    // at the loaded disk, taking its pages costs what it does, and the heap keeps its memory.
+    let mut heap = anon_ct("heap", linear(1000), Some(Target::Throughput { ops_s: 2_000.0 }));
+    heap.demand.anon_accesses_per_op = 0.05;
+    let mut reader = file_ct("reader", linear(1000), None);
+    reader.demand.concurrency = 4.0;
+    reader.demand.file_miss_ns = Some(40_000_000.0); // the disk's queue, ten times its idle time
+    let mut inputs = vec![heap, reader];
+    price_swap_ins_at_shared_disk(&mut inputs, &lat());
+    let p = provision(&inputs, None, &lat(), &budget(1000, 0, 0), &ProvisionConfig::default()).unwrap();
+    assert!(p.feasible, "{p:#?}");
+    // At the loaded disk, 2,000 ops/s (500 us an operation: 50 us of CPU, 0.05 heap accesses) leaves
+    // 0.05 x 40 ms x misses <= 450 us: a miss ratio of at most 0.225, 775 of its 1,000 pages.
+    let h = &p.containers[0];
+    assert!(h.allocation.memory_pages >= 775, "the heap keeps what its target needs: {h:#?}");
+    assert_eq!(inputs[0].demand.anon_miss_ns, Some(40_000_000.0));
+    assert_eq!(inputs[1].demand.anon_miss_ns, Some(40_000_000.0), "priced alike, if it faults");
+}
+
+#[test]
+fn swap_in_pricing_leaves_measured_faults_and_an_idle_disk_alone() {
+    let mut heap = anon_ct("heap", linear(1000), None);
+    heap.demand.anon_miss_ns = Some(9_000_000.0);
+    let mut reader = file_ct("reader", linear(1000), None);
+    reader.demand.file_miss_ns = Some(40_000_000.0);
+    let mut inputs = vec![heap.clone(), reader];
+    price_swap_ins_at_shared_disk(&mut inputs, &lat());
+    assert_eq!(inputs[0].demand.anon_miss_ns, Some(9_000_000.0), "a measured fault time stays");
+    // A disk no slower than the model's: nothing changes.
+    let mut idle = file_ct("reader", linear(1000), None);
+    idle.demand.file_miss_ns = Some(1_000_000.0);
+    heap.demand.anon_miss_ns = None;
+    let mut inputs = vec![heap, idle];
+    price_swap_ins_at_shared_disk(&mut inputs, &lat());
+    assert_eq!(inputs[0].demand.anon_miss_ns, None);
+}

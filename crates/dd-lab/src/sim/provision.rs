@@ -27,7 +27,8 @@ use crate::sim::backend::SecondChance;
 use crate::sim::streams::StreamCounters;
 use dd_engine::StoreKind;
 use dd_provision::{
-    Allocation, Budget, ContainerInput, Controller, Curve, Demand, LatencyModel, Measured, Observed, Target,
+    price_swap_ins_at_shared_disk, Allocation, Budget, ContainerInput, Controller, Curve, Demand,
+    LatencyModel, Measured, Observed, Target,
 };
 use std::collections::BTreeMap;
 
@@ -259,6 +260,8 @@ impl<B: SecondChance> Sim<B> {
                 s.decay(st.cfg.history_decay);
             }
         }
+        // The VM's containers share its disk: a swap-in queues behind their reads.
+        price_swap_ins_at_shared_disk(&mut inputs, &lat);
         let names: Vec<String> = inputs.iter().map(|c| c.name.clone()).collect();
         st.ctl.in_force(&names, &in_force, chosen);
         let decision = st
