@@ -280,3 +280,25 @@ fn regression_a_provisioned_vm_keeps_the_ssd_store_its_plan_may_use() {
         .unwrap();
     assert!(!off.uses_store(dd_engine::StoreKind::Ssd), "no provisioner, no SSD spec: no SSD store");
 }
+
+/// Issue 27, seed 12 of the first recorded set, started from its balanced static allocation (the
+/// operator's limits and weights from 5.8 s, `scripts/mixes-rescore --late-static 29 --then-provisioner`,
+/// cut at 17 s): `mysql2`'s pool, entitled to 77 MiB, held nothing while `mysql2` was still filling its
+/// 140 MiB limit, so the loop read its cache as none and its model's plan at 14 s gave it 10 MiB (the
+/// store then fell from 51,440 to 22,954 ops/s against a target of 31,600). An empty pool behind a
+/// container still filling its memory is judged by its entitlement.
+#[test]
+fn regression_an_empty_pool_behind_a_filling_container_was_read_as_no_cache() {
+    let res = run(include_str!("data/mix-12-balanced.toml"));
+    let r = &res.runs[0];
+    let at = |t: f64| {
+        let d = r.decisions.iter().find(|d| (d.t_s - t).abs() < 1e-6).unwrap_or_else(|| panic!("{t} s"));
+        d.containers.iter().find(|c| c.name == "mysql2").unwrap().clone()
+    };
+    let first = at(6.0);
+    assert!(first.mem_cache_mib > 70.0, "the balanced allocation's 77 MiB is in force: {first:?}");
+    let plan = at(14.0);
+    assert!(plan.mem_cache_mib >= 40.0, "the model's plan keeps most of mysql2's cache: {plan:?}");
+    let later = at(16.0);
+    assert!(later.measured_ops_s >= 31_600.0, "and mysql2 meets its target: {later:?}");
+}
