@@ -124,8 +124,8 @@ impl Score {
     }
 }
 
-/// The least memory-cache weight of a pool: one unit of the plan's grid (weights count 16 per unit).
-const MIN_POOL_WEIGHT: u32 = 16;
+/// A pool's weight per unit of the plan's grid; a pool planned no memory cache keeps one unit's.
+const WEIGHT_PER_UNIT: u32 = 16;
 
 /// How the closed loop ([`crate::feedback`]) steers the programme: every prediction passes through
 /// `adjust` (container index, its memory, memory-cache and SSD-cache pages, the model's prediction),
@@ -464,14 +464,15 @@ pub(crate) fn solve(
             kept = true;
         }
     }
-    // Weights: cache pages in units, 16 per unit. A pool planned no memory cache keeps one unit, as
-    // every container keeps a unit of memory: a pool's allocation is read from what it holds, so "no
-    // cache" is often "not measured yet", and a pool with less loses first every page it is given.
+    // Weights: cache pages in units, `WEIGHT_PER_UNIT` per unit. A pool planned no memory cache keeps
+    // one unit, as every container keeps a unit of memory: a pool's allocation is read from what it
+    // holds, so "no cache" is often "not measured yet", and a pool with less loses first every page it
+    // is given.
     let weight = |pages: u64, unit: f64| -> u32 {
         if unit <= 0.0 {
             0
         } else {
-            ((pages as f64 / unit * 16.0).round() as u32).max(MIN_POOL_WEIGHT)
+            ((pages as f64 / unit * WEIGHT_PER_UNIT as f64).round() as u32).max(WEIGHT_PER_UNIT)
         }
     };
     let mut plans = Vec::with_capacity(n);
