@@ -148,6 +148,12 @@ pub struct AttackReport {
     pub wrong_pages: u64,
     /// What the attacker did (connections opened, frames sent, pools created, ...).
     pub attacker_actions: u64,
+    /// Bytes the attacker's writes got into its sockets, over the attacked windows (counted by the
+    /// attacks that send payload: `oversized_preauth`; 0 for the others).
+    pub attacker_bytes_sent: u64,
+    /// CPU time of the attacker's thread over the attacked windows, seconds: what B spends, which on a
+    /// host is B's own vCPUs' and here shares A's two cores (at nice 19).
+    pub attacker_cpu_s: f64,
     /// Peer attacks: the victim peer's publications during the attacked windows, and those that
     /// reached the daemon under test (at least 95% to pass); 0 for the others.
     pub publishes_attempted: u64,
@@ -383,6 +389,18 @@ fn lowest_priority() {
     }
 }
 
+/// CPU time of the calling thread (user and system), nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call; the clock id is a
+    // constant every Linux kernel since 2.6.12 knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// (ops/s with / without, p99 without / with) of one pair of windows.
 fn pair_ratios(without: &Window, with: &Window) -> (f64, f64) {
     (with.ops_per_s / without.ops_per_s.max(1e-9), without.p99_us as f64 / with.p99_us.max(1) as f64)
@@ -507,7 +525,9 @@ fn run_windows(
                 let (stop2, tally2) = (stop.clone(), tally.clone());
                 let h = s.spawn(move || {
                     lowest_priority();
-                    attack.run(&env, &stop2, &tally2)
+                    let cpu = thread_cpu_ns();
+                    attack.run(&env, &stop2, &tally2);
+                    tally2.cpu_ns.fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
                 });
                 std::thread::sleep(ATTACK_LEAD);
                 let publisher = attack.on_peers().then(|| {
@@ -528,7 +548,7 @@ fn run_windows(
             let (ops, p99) = pair_ratios(&without, &with);
             progress(&format!(
                 "{:<22} A {:>9.0} -> {:>9.0} ops/s (x{ops:.2}), p99 {} -> {} us (x{p99:.2}), \
-                 errors {}, wrong {}, attacker actions {}",
+                 errors {}, wrong {}, attacker actions {}, CPU {:.2} s, {} MiB sent",
                 attack.name(),
                 without.ops_per_s,
                 with.ops_per_s,
@@ -536,7 +556,9 @@ fn run_windows(
                 with.p99_us,
                 without.errors + with.errors,
                 without.wrong_pages + with.wrong_pages,
-                tally.actions.load(Ordering::Relaxed)
+                tally.actions.load(Ordering::Relaxed),
+                tally.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                tally.bytes_sent.load(Ordering::Relaxed) >> 20,
             ));
             pairs.push((without, with));
             // The next baseline starts after the daemon has shed the attacker's connections.
@@ -563,6 +585,8 @@ fn run_windows(
             // The injections are the attacker's actions of `peer_inject` (made by the publisher).
             attacker_actions: tally.actions.load(Ordering::Relaxed)
                 + delivery.injected.load(Ordering::Relaxed),
+            attacker_bytes_sent: tally.bytes_sent.load(Ordering::Relaxed),
+            attacker_cpu_s: tally.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
             publishes_attempted: delivery.attempted.load(Ordering::Relaxed),
             publishes_delivered: delivery.delivered.load(Ordering::Relaxed),
             injected: delivery.injected.load(Ordering::Relaxed),

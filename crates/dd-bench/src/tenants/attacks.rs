@@ -84,7 +84,8 @@ impl Attack {
                 "keeps every connection slot busy with connections that sent one byte and never a HELLO"
             }
             Attack::OversizedPreauth => {
-                "connections announcing a 2 MiB frame before HELLO, then sending megabytes of it"
+                "connections announcing a 2 MiB frame before HELLO, then sending its payload as fast as the daemon \
+                 takes it"
             }
             Attack::UnreadStats => {
                 "B's sessions (its maximum) send VM_STATS of 256 pools without ever reading an answer"
@@ -118,7 +119,7 @@ impl Attack {
                 s.write_all(b"D").ok()?;
                 Some(s)
             }),
-            Attack::OversizedPreauth => oversized(t, stop, tally),
+            Attack::OversizedPreauth => oversized(t.tcp, stop, tally),
             Attack::UnreadStats => unread_stats(t, stop, tally),
             Attack::PoolExhaustion => pools(t, stop, tally),
             Attack::Reregistration => reregistration(t, stop, tally),
@@ -184,7 +185,19 @@ fn hold(stop: &AtomicBool, tally: &Tally, n: usize, mut open: impl FnMut() -> Op
     }
 }
 
-fn oversized(t: &Target, stop: &AtomicBool, tally: &Tally) {
+/// The send buffer of each `oversized_preauth` connection (the kernel doubles it). The daemon reads at
+/// most 256 KiB of a refused handshake (`FAIL_DISCARD_BYTES`, `dd-server`'s `net.rs`) and then shrinks its
+/// receive buffer, so this keeps all it could take ready on every connection. Left to autotuning (up to
+/// `tcp_wmem`'s 4 MiB), each connection queued about 3.3 MiB the daemon never reads: on a host that is
+/// B's guest kernel's memory and B's vCPUs, here it was a copy of about 1.2 GiB a second on A's two cores
+/// (the attacker thread 0.75-2.07 s of CPU over five 2.5 s attacked windows against 0.34-0.40 s with
+/// this bound; BENCHMARKS.md, "twenty-sixth session"), and the daemon's side of each connection received
+/// less, not more (51 KiB against 81 KiB on average, `ss -tni`).
+const ATTACKER_SNDBUF: usize = 256 << 10;
+
+/// Connections announcing a 2 MiB HELLO, then sending its payload as fast as the daemon takes it, up to
+/// 64 at a time, each replaced when the daemon closes it.
+fn oversized(tcp: SocketAddr, stop: &AtomicBool, tally: &Tally) {
     let mut frame = Vec::new();
     Header { version: 1, op: Op::Hello as u8, flags: 0, status: 0, request_id: 1, payload_len: 2 << 20 }
         .encode(&mut frame);
@@ -193,7 +206,9 @@ fn oversized(t: &Target, stop: &AtomicBool, tally: &Tally) {
     while !stop.load(Ordering::Relaxed) {
         conns.retain_mut(|s| !closed(s));
         while conns.len() < 64 {
-            let Some(mut s) = connect(t.tcp) else { break };
+            let Some(mut s) = connect(tcp) else { break };
+            // Best effort: without it the attack is the same to the daemon, only dearer to this host.
+            let _ = socket2::SockRef::from(&s).set_send_buffer_size(ATTACKER_SNDBUF);
             if s.write_all(&frame).is_ok() {
                 tally.act(1);
                 conns.push(s);
@@ -201,7 +216,9 @@ fn oversized(t: &Target, stop: &AtomicBool, tally: &Tally) {
         }
         // Megabytes of the announced payload, as far as the daemon takes them.
         for s in &mut conns {
-            let _ = s.write(&junk);
+            if let Ok(n) = s.write(&junk) {
+                tally.sent(n);
+            }
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -308,4 +325,90 @@ fn reregistration(t: &Target, stop: &AtomicBool, tally: &Tally) {
         old = Some((c, p));
     }
     let _ = admin.call::<serde_json::Value>("DELETE", "/v1/vms/3", HOST_TOKEN, None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// The attacker of `oversized_preauth` queued megabytes per connection in its own send buffers that
+    /// no daemon ever reads (3.3 MiB a connection on this kernel's defaults): a copy on the benchmark's
+    /// shared cores that a host would run on B's vCPUs, which set A's p99 in CI's failed run of
+    /// `771018d` (p99 ratios 0.31, 0.44, 0.48 in its first three pairs). Against a listener that does
+    /// what the daemon does with a refused HELLO (reads at most 256 KiB of it, holds the connection 1 s,
+    /// closes), every connection must still deliver those 256 KiB, and queue at most 1.5 MiB (about 0.9 MiB
+    /// with the bound, 4.1 MiB without on this machine).
+    #[test]
+    fn regression_oversized_attacker_filled_megabytes_of_its_own_send_buffers() {
+        const TAKES: usize = 256 << 10;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let full = Arc::new(AtomicU64::new(0));
+        let daemon = {
+            let (stop, full) = (stop.clone(), full.clone());
+            std::thread::spawn(move || {
+                // (stream, bytes read, accepted at)
+                let mut held: Vec<(TcpStream, usize, Instant)> = Vec::new();
+                let mut buf = vec![0u8; 64 << 10];
+                while !stop.load(Ordering::Relaxed) {
+                    while let Ok((s, _)) = listener.accept() {
+                        s.set_nonblocking(true).expect("nonblocking");
+                        held.push((s, 0, Instant::now()));
+                    }
+                    for (s, got, _) in held.iter_mut() {
+                        while *got < TAKES {
+                            match s.read(&mut buf[..(TAKES - *got).min(64 << 10)]) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    *got += n;
+                                    if *got >= TAKES {
+                                        full.fetch_add(1, Ordering::Relaxed);
+                                        // As the daemon's `stop_receiving`: the receive buffer shrunk.
+                                        let _ = socket2::SockRef::from(&*s).set_recv_buffer_size(1);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    held.retain(|(_, _, at)| at.elapsed() < Duration::from_secs(1));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let tally = Tally::default();
+        let attacker = {
+            let stop = stop.clone();
+            std::thread::scope(|s| {
+                let h = s.spawn(|| oversized(addr, &stop, &tally));
+                std::thread::sleep(Duration::from_millis(2500));
+                stop.store(true, Ordering::Relaxed);
+                h.join()
+            })
+        };
+        attacker.expect("attacker");
+        daemon.join().expect("listener");
+        let conns = tally.actions.load(Ordering::Relaxed);
+        let sent = tally.bytes_sent.load(Ordering::Relaxed);
+        let full = full.load(Ordering::Relaxed);
+        // Two rounds of 64 connections at least (each held 1 s), every one of the first filled to what
+        // the daemon takes.
+        assert!(conns >= 128, "{conns} connections");
+        assert!(
+            full >= 64,
+            "only {full} of {conns} connections delivered the {TAKES} bytes the daemon reads"
+        );
+        let per_conn = sent / conns;
+        assert!(
+            per_conn <= 3 << 19,
+            "the attacker queued {} KiB a connection ({} MiB over {conns}), most of it never read",
+            per_conn >> 10,
+            sent >> 20
+        );
+    }
 }
