@@ -150,6 +150,12 @@ fn d_seek() -> f64 {
 fn d_fill() -> u32 {
     30
 }
+fn d_first_pass_share() -> f64 {
+    0.3
+}
+fn d_first_pass_drop() -> f64 {
+    0.2
+}
 
 /// Settings of the closed loop (`[decision.feedback]`; plain data, documented defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -207,6 +213,19 @@ pub struct FeedbackConfig {
     /// not yet what its allocation gives). 0 turns the floor off. Default 30.
     #[serde(default = "d_fill")]
     pub max_fill_intervals: u32,
+    /// A container is ending its first pass over its data when its first references (its file curve's
+    /// miss ratio at its largest size, times its file reads per operation and its cost of a disk read)
+    /// take more than this share of its measured time per operation and that ratio fell by more than
+    /// `first_pass_floor_drop` of itself since the last decision: what it measures is its first pass,
+    /// not what its allocation gives. Its measurement is then not recorded, no plan takes the memory it
+    /// was given, its target is not judged infeasible, and no joint allocation is recorded as measured.
+    /// 1 turns it off. Default 0.3.
+    #[serde(default = "d_first_pass_share")]
+    pub first_pass_time_share: f64,
+    /// See `first_pass_time_share`: a container whose share of first references holds steady (one that
+    /// keeps reading new data) is not ending a first pass, whatever they cost. Default 0.2.
+    #[serde(default = "d_first_pass_drop")]
+    pub first_pass_floor_drop: f64,
 }
 
 impl Default for FeedbackConfig {
@@ -226,6 +245,8 @@ impl Default for FeedbackConfig {
             max_settle_intervals: d_settle(),
             seek_max_factor: d_seek(),
             max_fill_intervals: d_fill(),
+            first_pass_time_share: d_first_pass_share(),
+            first_pass_floor_drop: d_first_pass_drop(),
         }
     }
 }
@@ -262,6 +283,12 @@ impl FeedbackConfig {
         }
         if !(1..=4096).contains(&self.max_points) {
             return bad("max_points", "must be in 1..=4096");
+        }
+        if !(self.first_pass_time_share > 0.0 && self.first_pass_time_share <= 1.0) {
+            return bad("first_pass_time_share", "must be in (0, 1]");
+        }
+        if !(self.first_pass_floor_drop.is_finite() && (0.0..1.0).contains(&self.first_pass_floor_drop)) {
+            return bad("first_pass_floor_drop", "must be in [0, 1)");
         }
         Ok(())
     }

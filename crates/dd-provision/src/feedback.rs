@@ -14,7 +14,10 @@
 //!    limits gave it (what it holds grows, its throughput does not fall, it still misses): it measured
 //!    the fill, not the allocation, and no plan takes that memory from it (for at most
 //!    `max_fill_intervals` decisions in a row; a slow fill from the disk looks like an allocation that
-//!    fails, and taking its memory makes it one);
+//!    fails, and taking its memory makes it one). Nor is the interval of a container ending its first
+//!    pass over its data (its first references more than `first_pass_time_share` of its time, and their
+//!    share falling by more than `first_pass_floor_drop` since the last decision): it waits as a filling
+//!    one does, its target is not judged infeasible, and no joint allocation is recorded meanwhile;
 //! 2. predicts every allocation the programme considers through [`Controller`]'s adjustment: an
 //!    allocation measured before predicts what was measured; any other predicts the model's throughput
 //!    times the correction, never above what an allocation at least as large in every resource measured
@@ -167,6 +170,10 @@ struct History {
     last_held: Option<f64>,
     /// Decisions in a row it was filling its allocation.
     filling_for: u32,
+    /// Its file curve's miss ratio at its largest size at the last decision (its share of first
+    /// references), and whether it was ending its first pass then.
+    last_floor: Option<f64>,
+    first_pass: bool,
 }
 
 impl History {
@@ -341,6 +348,25 @@ impl Controller {
                 (filling, filling && h.filling_for < fb.max_fill_intervals)
             })
             .unzip();
+        // Per container: whether it is ending its first pass over its data (first references a large
+        // part of its time, and a share of its references that falls fast: its data is coming in for
+        // the first time, and it will soon be reused; in its first interval measured, every reference
+        // may be a first one). Such a container waits as a filling one does.
+        let first_pass: Vec<bool> = inputs
+            .iter()
+            .map(|c| {
+                let floor = c.file_curve.miss_ratio_at(c.file_curve.max_size() as f64);
+                let h = self.cts.entry(c.name.clone()).or_default();
+                let Some(o) = c.observed else { return false };
+                let before = h.last_floor.replace(floor);
+                let miss_ns = c.demand.file_miss_ns.unwrap_or(lat.file_miss_ns);
+                let first_refs_ns = floor * c.demand.file_reads_per_op * miss_ns;
+                fb.first_pass_time_share < 1.0
+                    && before.is_none_or(|b| floor < b * (1.0 - fb.first_pass_floor_drop))
+                    && first_refs_ns > fb.first_pass_time_share * o.ns_per_op
+            })
+            .collect();
+        let waited: Vec<bool> = waited.iter().zip(&first_pass).map(|(w, f)| *w || *f).collect();
         let mut inputs: Vec<ContainerInput> = inputs
             .iter()
             .map(|c| {
@@ -406,6 +432,7 @@ impl Controller {
             h.last = measured[i];
             h.last_held = held(c);
             h.filling_for = if filling[i] { h.filling_for.saturating_add(1) } else { 0 };
+            h.first_pass = first_pass[i];
             let Some(m) = measured[i] else { continue };
             h.missed_for = match &c.target {
                 Some(t) if !m.meets(t) => h.missed_for + 1,
@@ -438,7 +465,11 @@ impl Controller {
             }
         }
         // The joint allocation measured: refreshed if known, remembered if not.
-        if let Some(ap) = applied.as_ref().filter(|ap| ap.names == names && !settling) {
+        // Nor is the joint allocation while a container is in its first pass (it would be an anchor that
+        // measured a first pass: a start that meets every target once the data is in looked worse than
+        // the plans that left it).
+        let any_first_pass = first_pass.iter().any(|f| *f);
+        if let Some(ap) = applied.as_ref().filter(|ap| ap.names == names && !settling && !any_first_pass) {
             let same = |t: &(Vec<String>, Vec<Allocation>, u64)| {
                 t.0 == names && t.1.iter().zip(&ap.alloc).all(|(x, y)| near(x, y, tol))
             };
@@ -846,7 +877,9 @@ impl Controller {
                         };
                         let met_here = h.points.iter().any(|p| fits(&p.alloc) && p.m.meets(t));
                         let could = best_pred.is_none_or(|p| t.met_by(&p, 0.0));
-                        if !met_here && !could {
+                        // Not while it is in its first pass: the first references its measurement
+                        // paid for are in every prediction's calibration.
+                        if !met_here && !could && !h.first_pass {
                             TargetState::Infeasible
                         } else if h.missed_for == 0 {
                             TargetState::Met
