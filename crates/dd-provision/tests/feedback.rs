@@ -95,13 +95,7 @@ fn regression_a_single_thread_was_predicted_above_what_it_can_issue() {
     // misses the real run did not have), and the calibration set its non-memory time to nothing: the
     // plan predicted ten times what one thread can issue.
     let mut scan = ct("scan", linear(1000), None, None);
-    scan.observed = Some(Observed {
-        file_pages: 100.0,
-        anon_pages: 0.0,
-        mem_cache_pages: 0.0,
-        ssd_cache_pages: 0.0,
-        ns_per_op: 60_000.0,
-    });
+    scan.observed = Some(reading(100.0, 60_000.0));
     let p = provision(&[scan], None, &lat(), &budget(2000), &cfg()).unwrap();
     let x = p.containers[0].predicted.ops_s;
     assert!(x <= 1e9 / 50_000.0 * 1.0001, "predicted {x} ops/s for one thread of 50 us per operation");
@@ -457,6 +451,18 @@ fn a_fill_floor_turned_off_lets_the_loop_take_a_filling_containers_memory() {
     assert!(a_memory.iter().any(|&m| m < 900), "a's memory: {a_memory:?}");
 }
 
+/// What a container that reads only files observed: `file_pages` of page cache, no heap, nothing in the
+/// caches.
+fn reading(file_pages: f64, ns_per_op: f64) -> Observed {
+    Observed { file_pages, anon_pages: 0.0, mem_cache_pages: 0.0, ssd_cache_pages: 0.0, ns_per_op }
+}
+
+/// The time per operation of `b` in the chosen-start systems below: 50 us, plus a 4 ms disk read for the
+/// share of its 1,000 pages of files that `pages` of memory leave out.
+fn b_ns_per_op(pages: f64) -> f64 {
+    50_000.0 + 4e6 * (1.0 - (pages / 1000.0).min(1.0))
+}
+
 /// A controller told that someone chose the start allocation: 900 pages for the first container, 700
 /// for the second. Returns it and that allocation.
 fn from_900_and_700(inputs: &[ContainerInput]) -> (Controller, Vec<Allocation>) {
@@ -484,17 +490,10 @@ fn from_a_filling_chosen_start(cfg: &ProvisionConfig) -> (Vec<u64>, Decision) {
         let filled = held_a >= 800.0;
         let a_ops = if filled { 19_000.0 } else { 1_000.0 + held_a };
         let b_pages = now[1].memory_pages as f64;
-        let b_ops = 1e9 / (50_000.0 + 4e6 * (1.0 - (b_pages / 1000.0).min(1.0)));
-        let obs = |file_pages: f64| Observed {
-            file_pages,
-            anon_pages: 0.0,
-            mem_cache_pages: 0.0,
-            ssd_cache_pages: 0.0,
-            ns_per_op: 0.0,
-        };
+        let b_ops = 1e9 / b_ns_per_op(b_pages);
         let mut ins = inputs.clone();
-        ins[0].observed = Some(Observed { ns_per_op: 1e9 / a_ops, ..obs(held_a) });
-        ins[1].observed = Some(Observed { ns_per_op: 1e9 / b_ops, ..obs(b_pages) });
+        ins[0].observed = Some(reading(held_a, 1e9 / a_ops));
+        ins[1].observed = Some(reading(b_pages, 1e9 / b_ops));
         let m = [
             Some(Measured {
                 ops_s: a_ops,
@@ -555,18 +554,11 @@ fn from_a_first_pass(cfg: &ProvisionConfig) -> (Vec<u64>, Vec<TargetState>, Deci
         let a_pages = now[0].memory_pages as f64;
         let a_ns = if a_pages >= 800.0 { 51_000.0 + floor * 4e6 } else { 50_000.0 + 4e6 };
         let b_pages = now[1].memory_pages as f64;
-        let b_ns = 50_000.0 + 4e6 * (1.0 - (b_pages / 1000.0).min(1.0));
-        let obs = |file_pages: f64, ns_per_op: f64| Observed {
-            file_pages,
-            anon_pages: 0.0,
-            mem_cache_pages: 0.0,
-            ssd_cache_pages: 0.0,
-            ns_per_op,
-        };
+        let b_ns = b_ns_per_op(b_pages);
         let mut ins = inputs.clone();
         ins[0].file_curve = a_curve(floor);
-        ins[0].observed = Some(obs(a_pages.min(800.0), a_ns));
-        ins[1].observed = Some(obs(b_pages.min(1000.0), b_ns));
+        ins[0].observed = Some(reading(a_pages.min(800.0), a_ns));
+        ins[1].observed = Some(reading(b_pages.min(1000.0), b_ns));
         let a_hit = if a_pages >= 800.0 { 1.0 - floor } else { 0.0 };
         let m = [
             Some(Measured { ops_s: 1e9 / a_ns, latency_ms: a_ns / 1e6, hit_ratio: a_hit }),
