@@ -133,8 +133,10 @@ pub struct HybridConfig {
     /// Default 15 625 ppm (1/64), which gives the 504 MiB of 512 MiB of thesis 000, Table 5.1. The
     /// same margin is the SSD tier's eviction watermark.
     pub high_watermark_margin_ppm: u32,
-    /// Pages are promoted from SSD while memory use is below `limit - low_watermark_margin_bytes`.
-    /// Default 64 MiB (thesis 000, eq. 5.2).
+    /// Pages are promoted from SSD while memory use is below `limit - low_watermark_margin_bytes`
+    /// (thesis 000, eq. 5.2), and never past the high watermark: where `limit * margin_ppm / 1e6` is the
+    /// wider margin (limits above 4 GiB with the defaults) promotion stops there, or the next step would
+    /// demote what it promoted. Default 64 MiB.
     pub low_watermark_margin_bytes: u64,
     /// Pages moved per demotion or promotion step. Default 2 MiB.
     pub move_batch_bytes: u64,

@@ -29,6 +29,10 @@ pub(super) struct Evictor {
     pub(super) seq: CachePadded<AtomicU64>,
     pub(super) wake: (Mutex<bool>, Condvar),
     pub(super) shutdown: AtomicBool,
+    /// Held for the whole of a maintenance pass (`Shared::maintain_all_until_idle`), so that
+    /// `Cache::quiesce` waits for a pass of the background worker already under way: a move the worker
+    /// has reserved room for is in flight until its pass ends. First in the lock order.
+    pub(super) pass: Mutex<()>,
 }
 
 impl Evictor {
@@ -44,6 +48,7 @@ impl Evictor {
             seq: CachePadded::new(AtomicU64::new(1)),
             wake: (Mutex::new(false), Condvar::new()),
             shutdown: AtomicBool::new(false),
+            pass: Mutex::new(()),
         }
     }
 }

@@ -13,9 +13,9 @@
 //!   eviction lock so that concurrent puts do not evict several batches for one page.
 //!
 //! # Lock order
-//! `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock` -> pool shard mutexes (increasing
-//! pool id; within a pool, increasing shard index) -> pool-table shards, memory-store free stacks,
-//! SSD-store internals and pool labels (leaves). A thread never
+//! the maintenance pass (`evictor.pass`) -> `tree` -> `stores[mem].evict_lock` -> `stores[ssd].evict_lock`
+//! -> pool shard mutexes (increasing pool id; within a pool, increasing shard index) -> pool-table
+//! shards, memory-store free stacks, SSD-store internals and pool labels (leaves). A thread never
 //! acquires a lock that comes earlier in this list while holding a later one.
 //!
 //! # Where the expensive work happens

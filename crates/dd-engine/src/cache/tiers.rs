@@ -20,7 +20,8 @@ const DEMOTE_CHUNK: usize = 32;
 
 impl Cache {
     /// Runs hybrid maintenance to a fixed point and drains the SSD write queue: after it returns, with no
-    /// concurrent operations, every watermark is satisfied. Tests and shutdown use it.
+    /// concurrent operations, every watermark is satisfied and no move is in flight (a pass of the
+    /// background worker under way is waited for: passes take `evictor.pass`). Tests and shutdown use it.
     pub fn quiesce(&self) {
         self.shared.maintain_all_until_idle();
         if let Some(ssd) = &self.shared.place.ssd {
@@ -59,6 +60,8 @@ impl Shared {
     }
 
     pub(super) fn maintain_all_until_idle(&self) {
+        // One pass at a time (see `Evictor::pass`); a later pass at the fixed point moves nothing.
+        let _pass = self.evictor.pass.lock();
         let pools: Vec<Arc<Pool>> = {
             let tree = self.tree.read();
             tree.vms
@@ -113,7 +116,10 @@ impl Shared {
             }
             return self.evict_from_pool(p, StoreKind::Mem, n, None) > 0;
         }
-        let low = mem_limit.saturating_sub(low_margin);
+        // Promotion stops at the high watermark even where the low margin is the smaller of the two
+        // (a limit above `low_margin * 1e6 / ppm`: 4 GiB with the defaults): promoting past it made the
+        // next step demote what it had promoted, and maintenance never reached a fixed point.
+        let low = mem_limit.saturating_sub(low_margin).min(mem_high);
         if mem_used < low && ssd_used > 0 {
             return self.promote(p, batch.min(low - mem_used).min(ssd_used)) > 0;
         }
