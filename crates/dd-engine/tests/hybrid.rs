@@ -211,8 +211,8 @@ fn regression_promotion_past_the_high_watermark_ping_ponged_with_demotion() {
     // With a memory limit whose high-watermark margin (limit * ppm) is wider than the low-watermark
     // margin, the promotion target (limit - low margin) lay above the demotion threshold: each
     // promotion was demoted again at the next step and maintenance never reached a fixed point (the
-    // background worker spun at full CPU; `quiesce` ran its million-step bound). Here the limit is
-    // 256 pages: high watermark 240, low 248.
+    // background worker spun at full CPU; before the fix this test's `quiesce` left 242 pages in memory,
+    // above the watermark). Here the limit is 256 pages: high watermark 240, low 248.
     let dir = tempfile::tempdir().unwrap();
     let c = common::small_cache(dir.path(), 256, 1024, 4);
     c.add_vm(VmId(1), VmWeights::equal(1)).unwrap();
