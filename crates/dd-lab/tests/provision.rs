@@ -302,3 +302,70 @@ fn regression_an_empty_pool_behind_a_filling_container_was_read_as_no_cache() {
     let later = at(16.0);
     assert!(later.measured_ops_s >= 31_600.0, "and mysql2 meets its target: {later:?}");
 }
+
+/// Two provisioned VMs sharing a 64 MiB memory store; `a`'s container starts out of it (spec `none`,
+/// as the balanced static allocation of most two-VM mixes sets one VM), `b`'s in it with a working set
+/// (4,000 files of 16 KiB) larger than its memory and half the store.
+fn one_vm_out_of_the_store(extra: &str) -> String {
+    format!(
+        r#"{}[[vms]]
+name = "a"
+memory_mib = 32
+[vms.provision]
+start_s = 1
+interval_s = 1
+{extra}
+[[vms.containers]]
+name = "web_a"
+cache = {{ type = "none" }}
+target = {{ kind = "throughput", ops_s = 100 }}
+workload = {{ kind = "webserver", nfiles = 900, nthreads = 1 }}
+[[vms]]
+name = "b"
+memory_mib = 32
+[vms.provision]
+start_s = 1
+interval_s = 1
+[[vms.containers]]
+name = "web_b"
+cache = {{ type = "mem", weight = 100 }}
+target = {{ kind = "throughput", ops_s = 100 }}
+workload = {{ kind = "webserver", nfiles = 4000, nthreads = 1 }}
+"#,
+        head(10.0)
+    )
+}
+
+/// Issue 27, twenty-ninth session: in 19 of the 24 two-VM mixes of seeds 61-100 the balanced static
+/// allocation keeps one VM out of the memory store so that the other gets all of it. Started from it,
+/// the loop gave the out VM's pool one unit's weight (a plan with no cache keeps one unit), which made
+/// the VM a user of the store again; the host splits the store between its users by VM weight, so the
+/// other VM's share halved (seed 70: `scan2` at 1,000 ops/s against a target of 30,900). A VM out of the
+/// memory store at its first decision while another uses it now stays out.
+#[test]
+fn regression_a_vm_kept_out_of_the_memory_store_was_let_back_in_by_one_unit() {
+    let mem_weight = |s: &dd_engine::Spec| s.uses(dd_engine::StoreKind::Mem);
+    let res = run(&one_vm_out_of_the_store(""));
+    let r = &res.runs[0];
+    let of =
+        |vm: &str| r.decisions.iter().filter(|d| d.vm == vm && !d.containers.is_empty()).collect::<Vec<_>>();
+    assert!(of("a").len() >= 4, "{:#?}", r.decisions);
+    for d in of("a") {
+        let c = &d.containers[0];
+        assert!(!mem_weight(&c.spec) && c.mem_cache_mib == 0.0, "a stays out of the store: {d:#?}");
+    }
+    // The whole store is b's to plan with: more than the half a second user would leave it.
+    assert!(of("b").iter().any(|d| d.containers[0].mem_cache_mib > 36.0), "{:#?}", r.decisions);
+
+    // The mechanism, with the rule off: a's one unit makes it a user again, and b's plans halve.
+    let res = run(&one_vm_out_of_the_store("keep_out_of_mem_store = false"));
+    let r = &res.runs[0];
+    let of =
+        |vm: &str| r.decisions.iter().filter(|d| d.vm == vm && !d.containers.is_empty()).collect::<Vec<_>>();
+    assert!(of("a").iter().any(|d| mem_weight(&d.containers[0].spec)), "{:#?}", r.decisions);
+    assert!(
+        of("b").iter().skip(1).all(|d| d.containers[0].mem_cache_mib <= 32.0 + 1e-9),
+        "{:#?}",
+        r.decisions
+    );
+}

@@ -15,7 +15,8 @@
 //! decision, a provisioned VM's guest spares anonymous memory in VM-wide reclaim while page cache is
 //! left (`VmProvision::spare_anon`, `crate::model::guest`'s module doc). Invariants: a decision changes nothing
 //! of a container that is not running, nor anything at all while a running container has not run since
-//! the last decision (the loop is learning).
+//! the last decision (the loop is learning); a VM out of the memory store at its first decision while
+//! another VM uses it plans with no memory cache from then on (`VmProvision::keep_out_of_mem_store`).
 
 use super::{Sim, NS};
 use crate::error::LabError;
@@ -59,6 +60,9 @@ pub(super) struct VmProv {
     last: BTreeMap<usize, Snap>,
     /// The closed loop: what each allocation measured, the model's corrections, the misses.
     ctl: Controller,
+    /// Whether the VM stays out of the memory store (`VmProvision::keep_out_of_mem_store`); set at the
+    /// first decision.
+    mem_store_out: Option<bool>,
 }
 
 impl VmProv {
@@ -76,7 +80,7 @@ impl VmProv {
                 (first_ct + i, (c.target, floor))
             })
             .collect();
-        Some(VmProv { cfg, targets, last: BTreeMap::new(), ctl: Controller::new() })
+        Some(VmProv { cfg, targets, last: BTreeMap::new(), ctl: Controller::new(), mem_store_out: None })
     }
 
     /// Decision times (ns) up to `end`.
@@ -113,15 +117,18 @@ impl<B: SecondChance> Sim<B> {
     fn vm_budget(&self, v: usize, store: StoreKind) -> u64 {
         let s = store.idx();
         let w = |vm: usize| if s == 0 { self.vm_weights[vm].0 } else { self.vm_weights[vm].1 } as u64;
-        let uses = |vm: usize| {
-            vm == v || self.vm_cts[vm].iter().any(|&c| self.cts[c].running && self.cts[c].spec.uses(store))
-        };
+        let uses = |vm: usize| vm == v || self.vm_uses(vm, store);
         let sum: u64 = (0..self.vm_cts.len()).filter(|&vm| uses(vm)).map(w).sum();
         if sum == 0 {
             0
         } else {
             (self.capacity[s] as u128 * w(v) as u128 / sum as u128) as u64
         }
+    }
+
+    /// Whether a running container of VM `vm` uses `store`.
+    fn vm_uses(&self, vm: usize, store: StoreKind) -> bool {
+        self.vm_cts[vm].iter().any(|&c| self.cts[c].running && self.cts[c].spec.uses(store))
     }
 
     /// Runs VM `v`'s provisioner now.
@@ -149,10 +156,21 @@ impl<B: SecondChance> Sim<B> {
             file_miss_ns: (2 * t.cache_op_ns + t.page_cache_hit_ns) as f64 + disk_page,
             anon_miss_ns: t.page_cache_hit_ns as f64 + disk_page,
         };
+        let mem = StoreKind::Mem;
+        let out = match st.mem_store_out {
+            Some(out) => out,
+            None => {
+                let kept_out = st.cfg.keep_out_of_mem_store
+                    && !self.vm_uses(v, mem)
+                    && (0..self.vm_cts.len()).any(|u| u != v && self.vm_uses(u, mem));
+                *st.mem_store_out.insert(kept_out)
+            }
+        };
         let g = &self.guests[v];
         let mut budget = Budget {
             memory_pages: g.limit,
-            mem_cache_pages: self.vm_budget(v, StoreKind::Mem),
+            // (A plan with no memory cache gives every pool memory weight 0: the VM stays out.)
+            mem_cache_pages: if out { 0 } else { self.vm_budget(v, mem) },
             ssd_cache_pages: self.vm_budget(v, StoreKind::Ssd),
         };
         if !st.cfg.memory {
