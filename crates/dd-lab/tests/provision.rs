@@ -336,6 +336,11 @@ workload = {{ kind = "webserver", nfiles = 4000, nthreads = 1 }}
     )
 }
 
+/// VM `vm`'s decisions that set something (not the learning ones, which list no container).
+fn decisions_of<'r>(r: &'r dd_lab::sim::RunResult, vm: &str) -> Vec<&'r dd_lab::sim::Decision> {
+    r.decisions.iter().filter(|d| d.vm == vm && !d.containers.is_empty()).collect()
+}
+
 /// Issue 27, twenty-ninth session: in 19 of the 24 two-VM mixes of seeds 61-100 the balanced static
 /// allocation keeps one VM out of the memory store so that the other gets all of it. Started from it,
 /// the loop gave the out VM's pool one unit's weight (a plan with no cache keeps one unit), which made
@@ -347,8 +352,7 @@ fn regression_a_vm_kept_out_of_the_memory_store_was_let_back_in_by_one_unit() {
     let mem_weight = |s: &dd_engine::Spec| s.uses(dd_engine::StoreKind::Mem);
     let res = run(&one_vm_out_of_the_store(""));
     let r = &res.runs[0];
-    let of =
-        |vm: &str| r.decisions.iter().filter(|d| d.vm == vm && !d.containers.is_empty()).collect::<Vec<_>>();
+    let of = |vm: &str| decisions_of(r, vm);
     assert!(of("a").len() >= 4, "{:#?}", r.decisions);
     for d in of("a") {
         let c = &d.containers[0];
@@ -360,8 +364,7 @@ fn regression_a_vm_kept_out_of_the_memory_store_was_let_back_in_by_one_unit() {
     // The mechanism, with the rule off: a's one unit makes it a user again, and b's plans halve.
     let res = run(&one_vm_out_of_the_store("keep_out_of_mem_store = false"));
     let r = &res.runs[0];
-    let of =
-        |vm: &str| r.decisions.iter().filter(|d| d.vm == vm && !d.containers.is_empty()).collect::<Vec<_>>();
+    let of = |vm: &str| decisions_of(r, vm);
     assert!(of("a").iter().any(|d| mem_weight(&d.containers[0].spec)), "{:#?}", r.decisions);
     assert!(
         of("b").iter().skip(1).all(|d| d.containers[0].mem_cache_mib <= 32.0 + 1e-9),
