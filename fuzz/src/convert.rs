@@ -196,7 +196,8 @@ enum Call {
     PoolStats(PoolId),
     VmStats,
     ListPools,
-    SetLabel(PoolId),
+    /// Labels are not typed requests: the converter skips them.
+    SetLabel,
 }
 
 impl Call {
@@ -217,7 +218,7 @@ impl Call {
             Request::PoolStats { pool } => Call::PoolStats(*pool),
             Request::VmStats => Call::VmStats,
             Request::ListPools => Call::ListPools,
-            Request::SetLabel { pool, .. } => Call::SetLabel(*pool),
+            Request::SetLabel { .. } => Call::SetLabel,
         }
     }
 }
@@ -390,7 +391,7 @@ fn dp_steps(
                 .collect()
         }
         Call::PoolStats(id) => one(at(*id, report).map(R::PoolStats)),
-        Call::SetLabel(_) => {
+        Call::SetLabel => {
             report.skip("data_plane: SET_LABEL (the typed requests carry no label)");
             vec![]
         }
@@ -533,7 +534,7 @@ fn em_ops(e: &Exchange, vm: u32, slots: &mut EmSlots, report: &mut Report) -> Ve
             report.skip("engine_model: DESTROY_POOL (the harness's slots always hold a pool)");
             vec![]
         }
-        Call::Hello | Call::Ping | Call::VmStats | Call::ListPools | Call::PoolStats(_) | Call::SetLabel(_) => {
+        Call::Hello | Call::Ping | Call::VmStats | Call::ListPools | Call::PoolStats(_) | Call::SetLabel => {
             report.skip("engine_model: a request without an engine operation (HELLO, PING, stats, lists)");
             vec![]
         }
